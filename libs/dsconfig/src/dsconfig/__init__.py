@@ -1,0 +1,102 @@
+"""dsconfig: DeepSpeed's ds_config.json as typed, validated, explained objects.
+
+    cfg = dsconfig.load("ds_config.json", world_size=8)
+    cfg.zero_optimization.stage, cfg.train_micro_batch_size_per_gpu
+
+Imports only attrs and cattrs (no torch, no numpy) and reads nothing from the environment.
+"""
+
+from ._version import __version__
+from .config import DeepSpeedConfig
+from .errors import ConfigError, ConfigWarning, Problem
+from .fields import AUTO
+from .loader import load
+from .schema import json_schema
+from .sections import (
+    ActivationCheckpointingConfig,
+    AioConfig,
+    AutotuningConfig,
+    BF16Config,
+    CheckpointConfig,
+    CheckpointParallelWriteConfig,
+    CometConfig,
+    CommsLoggerConfig,
+    CompileConfig,
+    CSVMonitorConfig,
+    CurriculumLearningConfig,
+    CurriculumMetricConfig,
+    CurriculumScheduleConfig,
+    DataEfficiencyConfig,
+    DataRoutingConfig,
+    DataSamplingConfig,
+    DataTypesConfig,
+    ExpertParallelConfig,
+    FlopsProfilerConfig,
+    FP16Config,
+    HybridEngineConfig,
+    OffloadOptimizerConfig,
+    OffloadParamConfig,
+    OptimizerConfig,
+    PipelineConfig,
+    RandomLTDConfig,
+    RandomLTDSchedule,
+    RandomLTDScheduleConfig,
+    SchedulerConfig,
+    TensorBoardConfig,
+    TensorParallelConfig,
+    TorchAutocastConfig,
+    TPLayerSpec,
+    TPPartitionConfig,
+    WandbConfig,
+    ZeroConfig,
+)
+
+DeepSpeedConfigError = ConfigError  # DeepSpeed's name
+
+__all__ = [
+    "AUTO",
+    "ActivationCheckpointingConfig",
+    "AioConfig",
+    "AutotuningConfig",
+    "BF16Config",
+    "CSVMonitorConfig",
+    "CheckpointConfig",
+    "CheckpointParallelWriteConfig",
+    "CometConfig",
+    "CommsLoggerConfig",
+    "CompileConfig",
+    "ConfigError",
+    "ConfigWarning",
+    "CurriculumLearningConfig",
+    "CurriculumMetricConfig",
+    "CurriculumScheduleConfig",
+    "DataEfficiencyConfig",
+    "DataRoutingConfig",
+    "DataSamplingConfig",
+    "DataTypesConfig",
+    "DeepSpeedConfig",
+    "DeepSpeedConfigError",
+    "ExpertParallelConfig",
+    "FP16Config",
+    "FlopsProfilerConfig",
+    "HybridEngineConfig",
+    "OffloadOptimizerConfig",
+    "OffloadParamConfig",
+    "OptimizerConfig",
+    "PipelineConfig",
+    "Problem",
+    "RandomLTDConfig",
+    "RandomLTDSchedule",
+    "RandomLTDScheduleConfig",
+    "SchedulerConfig",
+    "TPLayerSpec",
+    "TPPartitionConfig",
+    "TensorBoardConfig",
+    "TensorParallelConfig",
+    "TorchAutocastConfig",
+    "WandbConfig",
+    "ZeroConfig",
+    "__version__",
+    "json_schema",
+    "load",
+]

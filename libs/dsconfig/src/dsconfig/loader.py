@@ -1,0 +1,182 @@
+"""`load()`: source -> keys checked -> types structured -> bounds -> batch triple -> cross-field rules.
+
+Every stage collects all its problems; the first stage that found any raises them together.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import attrs
+
+from .batch import resolve_batch_triple
+from .config import BATCH_KEYS, DeepSpeedConfig
+from .converter import CONVERTER, problems_from
+from .errors import ConfigError, ConfigWarning, Problem
+from .fields import AUTO, info
+from .jsonio import read_source
+from .keys import KeyReport, clean_keys, nested_class
+from .params import (
+    DEEPSPEED_ONLY_OPTIMIZERS,
+    DSTRAIN_OPTIMIZERS,
+    DSTRAIN_SCHEDULERS,
+    OPTIMIZER_PARAMS,
+    SCHEDULER_PARAMS,
+    TORCH_OPTIMIZERS,
+    TORCH_SCHEDULERS,
+    canonical_name,
+    check_params,
+)
+from .rules import check_rules
+
+
+def load(source: Any, *, world_size: int = 1, strict: bool = True) -> DeepSpeedConfig:
+    """Load and validate a DeepSpeed config.
+
+    source: a path to a JSON file, a dict, or a base64-encoded JSON string.
+    world_size: the data-parallel size the batch triple is resolved at.
+    strict: unknown and unsupported keys are errors (True) or warnings (False). Invalid values
+        are errors either way.
+    """
+    raw, name = read_source(source)
+    try:
+        return _load_dict(raw, world_size=world_size, strict=strict)
+    except ConfigError as exc:
+        if name and not exc.source:
+            raise ConfigError(exc.problems, source=name) from None
+        raise
+
+
+def _load_dict(raw: dict, *, world_size: int, strict: bool) -> DeepSpeedConfig:
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ConfigError(Problem("world_size", "must be a positive integer", world_size))
+    report = KeyReport()
+    cleaned = clean_keys(raw, DeepSpeedConfig, "", report)
+    problems = list(report.errors)
+    problems += _check_names_and_params(cleaned, report)
+
+    try:
+        cfg = CONVERTER.structure(cleaned, DeepSpeedConfig)
+    except Exception as exc:  # noqa: BLE001 - cattrs raises groups; every leaf becomes a Problem
+        problems += problems_from(exc, "")
+        cfg = None
+    if cfg is not None:
+        problems += _check_bounds(cfg, "")
+
+    _report_keys(report, strict, problems)
+    if problems:
+        raise ConfigError(problems)
+
+    cfg = attrs.evolve(cfg, data_parallel_size=world_size)
+    explicit_auto = [key for key in BATCH_KEYS if raw.get(key) == AUTO]
+    known = {key: getattr(cfg, key) for key in BATCH_KEYS if getattr(cfg, key) != AUTO}
+    cfg = attrs.evolve(cfg, **resolve_batch_triple(known, explicit_auto=explicit_auto, data_parallel_size=world_size))
+    return _apply_rules(cfg, strict)
+
+
+def _apply_rules(cfg: DeepSpeedConfig, strict: bool) -> DeepSpeedConfig:
+    findings = check_rules(cfg)
+    errors = [f.problem for f in findings if not f.inert and not f.warn_only]
+    errors += [f.problem for f in findings if f.inert and strict]
+    if errors:
+        raise ConfigError(errors)
+    notes = [f for f in findings if f.warn_only or f.inert]
+    for finding in notes:
+        if finding.neutralize is not None:
+            cfg = finding.neutralize(cfg)
+    if notes:
+        warnings.warn(ConfigWarning("settings with no effect where they are written (ignored): "
+                                    + "; ".join(str(f.problem) for f in notes)), stacklevel=4)
+    return cfg
+
+
+def _report_keys(report: KeyReport, strict: bool, problems: list[Problem]) -> None:
+    if report.renamed:
+        warnings.warn(ConfigWarning("old key names, read as their current names (update the config): "
+                                    + "; ".join(report.renamed)), stacklevel=4)
+    if report.inert:
+        warnings.warn(ConfigWarning("keys that have no effect in dstrain (ignored): " + "; ".join(report.inert)),
+                      stacklevel=4)
+    if strict:
+        problems += [Problem(_path_of(entry), f"is not supported by dstrain: {_reason_of(entry)}; remove it, "
+                                              f"or load with strict=False to ignore it")
+                     for entry in report.unsupported]
+        problems += [Problem(_path_of(entry), f"unknown key{_reason_of(entry, ' ')}; remove it or fix its "
+                                              f"spelling (strict=False ignores it with a warning)")
+                     for entry in report.unknown]
+        return
+    if report.unsupported:
+        warnings.warn(ConfigWarning("DeepSpeed features dstrain does not implement (ignored): "
+                                    + "; ".join(report.unsupported)), stacklevel=4)
+    if report.unknown:
+        warnings.warn(ConfigWarning("unknown keys (ignored): " + "; ".join(report.unknown)), stacklevel=4)
+
+
+def _path_of(entry: str) -> str:
+    return entry.split(" (", 1)[0]
+
+
+def _reason_of(entry: str, prefix: str = "") -> str:
+    return prefix + entry.split(" (", 1)[1].rstrip(")") if " (" in entry else ""
+
+
+def _check_names_and_params(cleaned: dict, report: KeyReport) -> list[Problem]:
+    """Canonicalise optimizer / scheduler names in place and check the params dstrain builds."""
+    problems: list[Problem] = []
+    for key, own, others, tables in (
+        ("optimizer", DSTRAIN_OPTIMIZERS, TORCH_OPTIMIZERS, OPTIMIZER_PARAMS),
+        ("scheduler", DSTRAIN_SCHEDULERS, TORCH_SCHEDULERS, SCHEDULER_PARAMS),
+    ):
+        section = cleaned.get(key)
+        if not isinstance(section, dict) or not isinstance(section.get("type"), str):
+            continue
+        name = section["type"]
+        canonical = canonical_name(name, own, others)
+        if canonical is None and key == "optimizer":
+            unsupported = canonical_name(name, DEEPSPEED_ONLY_OPTIMIZERS)
+            if unsupported is not None:
+                report.unsupported.append(
+                    f"{key}.type ({unsupported} is a DeepSpeed optimizer dstrain does not implement; use "
+                    f"{', '.join(DSTRAIN_OPTIMIZERS)} or pass your own optimizer to initialize())")
+                section["type"] = unsupported
+                continue
+        if canonical is None:
+            import difflib
+
+            choices = [*own, *others]
+            close = difflib.get_close_matches(name, choices, n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            problems.append(Problem(f"{key}.type", f"is not a known {key}; {hint}valid: {', '.join(own)}, "
+                                                   f"or a torch class name ({', '.join(others[:6])}, ...)", name))
+            continue
+        section["type"] = canonical
+        params = section.get("params")
+        if canonical in tables and isinstance(params, dict):
+            problems += check_params(f"{key}.params", params, tables[canonical], report.unknown)
+    return problems
+
+
+def _check_bounds(obj: Any, path: str) -> list[Problem]:
+    """Numeric bounds declared on the fields (ge / gt / le), recursively."""
+    problems: list[Problem] = []
+    for field in attrs.fields(type(obj)):
+        value = getattr(obj, field.name)
+        where = f"{path}.{field.name}" if path else field.name
+        child, is_mapping = nested_class(field.type)
+        if child is not None and value is not None:
+            for key, item in (value.items() if is_mapping else [("", value)]):
+                problems += _check_bounds(item, f"{where}.{key}" if is_mapping else where)
+            continue
+        meta = info(field)
+        items = value if isinstance(value, list) else [value]
+        for item in items:
+            if isinstance(item, bool) or not isinstance(item, (int, float)):
+                continue
+            if meta.ge is not None and item < meta.ge:
+                problems.append(Problem(where, f"must be >= {meta.ge:g}", item))
+            elif meta.gt is not None and item <= meta.gt:
+                problems.append(Problem(where, f"must be > {meta.gt:g}", item))
+            elif meta.le is not None and item > meta.le:
+                problems.append(Problem(where, f"must be <= {meta.le:g}", item))
+    return problems

@@ -1,0 +1,304 @@
+"""Rules between keys that the reference states, checked on the typed config.
+
+A rule finds either a contradiction (always an error: dstrain never trains on a guess) or a
+setting that has no effect where it is written (`inert`): an error under strict=True; under
+strict=False a warning, and the setting is removed so that what the config says is what runs.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+
+import attrs
+
+from .config import DeepSpeedConfig
+from .errors import Problem
+from .fields import AUTO
+
+
+@attrs.frozen
+class Finding:
+    problem: Problem
+    inert: bool = False
+    warn_only: bool = False  # DeepSpeed itself ignores it with a warning
+    neutralize: Callable[[DeepSpeedConfig], DeepSpeedConfig] | None = None
+
+
+def _error(path: str, message: str, value=None) -> Finding:
+    return Finding(Problem(path, message, value) if value is not None else Problem(path, message))
+
+
+def _on(flag) -> bool:
+    """True or "auto" (may end up on) count as on for rules that guard against a combination."""
+    return flag is True
+
+
+def _evolve_zero(**changes) -> Callable[[DeepSpeedConfig], DeepSpeedConfig]:
+    return lambda cfg: attrs.evolve(cfg, zero_optimization=attrs.evolve(cfg.zero_optimization, **changes))
+
+
+def precision_rules(cfg: DeepSpeedConfig) -> Iterator[Finding]:
+    if _on(cfg.fp16.enabled) and _on(cfg.bf16.enabled):
+        yield _error("bf16.enabled", "fp16 and bf16 cannot both be enabled; turn one off")
+    if cfg.torch_autocast.enabled and (_on(cfg.fp16.enabled) or _on(cfg.bf16.enabled)):
+        yield _error("torch_autocast.enabled", "torch_autocast cannot be combined with fp16 or bf16 enabled; "
+                                               "use torch_autocast alone, or fp16 / bf16 alone")
+    zero = cfg.zero_optimization
+    offload_optimizer = zero.optimizer_offload_device != "none"
+    bf16 = cfg.bf16
+    if bf16.bf16_optimizer_states and not bf16.bf16_master_weights_and_grads:
+        yield _error("bf16.bf16_optimizer_states", "requires bf16.bf16_master_weights_and_grads: true")
+    if bf16.bf16_master_weights_and_grads and bf16.enabled is not False:
+        if zero.stage == 0:
+            yield _error("bf16.bf16_master_weights_and_grads", "needs ZeRO stage 1, 2 or 3 (zero_optimization.stage is 0)")
+        elif not bf16.bf16_optimizer_states and not offload_optimizer:
+            yield _error("bf16.bf16_master_weights_and_grads",
+                         "with fp32 optimizer states it needs zero_optimization.offload_optimizer (CPU Adam); "
+                         "or set bf16.bf16_optimizer_states: true")
+    if cfg.fp16.fp16_master_weights_and_grads and cfg.fp16.enabled is not False:
+        if zero.stage not in (2, 3) or not offload_optimizer:
+            yield _error("fp16.fp16_master_weights_and_grads",
+                         f"requires ZeRO stage 2 or 3 with offload_optimizer (stage is {zero.stage}, "
+                         f"offload_optimizer is {zero.optimizer_offload_device})")
+
+
+def zero_rules(cfg: DeepSpeedConfig) -> Iterator[Finding]:
+    zero = cfg.zero_optimization
+    if zero.param_offload_device != "none" and zero.stage != 3:
+        yield Finding(Problem("zero_optimization.offload_param",
+                              f"parameter offload needs ZeRO stage 3 (stage is {zero.stage}); it is ignored"),
+                      inert=True, neutralize=_evolve_zero(offload_param=None))
+    if zero.optimizer_offload_device == "nvme" and zero.stage != 3:
+        yield _error("zero_optimization.offload_optimizer.device",
+                     f"NVMe optimizer offload needs ZeRO stage 3 (stage is {zero.stage}); use \"cpu\" or stage 3",
+                     "nvme")
+    elif zero.optimizer_offload_device == "cpu" and zero.stage == 0:
+        yield Finding(Problem("zero_optimization.offload_optimizer",
+                              "optimizer offload needs ZeRO stage 1, 2 or 3 (stage is 0); it is ignored"),
+                      inert=True, neutralize=_evolve_zero(offload_optimizer=None))
+    if cfg.gradient_allreduce_op == "sum" and zero.stage == 3:
+        yield _error("gradient_allreduce_op", "\"sum\" is not supported with ZeRO stage 3; use \"mean\"", "sum")
+    if not cfg.managed_gradient_accumulation and zero.overlap_comm and zero.stage in (0, 1):
+        yield _error("zero_optimization.overlap_comm",
+                     f"with managed_gradient_accumulation false, overlap_comm is supported only at stage 2 "
+                     f"(stage is {zero.stage})", True)
+    if zero.zero_hpz_partition_size > 1 and zero.stage != 3:
+        yield Finding(Problem("zero_optimization.zero_hpz_partition_size",
+                              f"hpZ partitioning applies only to ZeRO stage 3 (stage is {zero.stage}); it is ignored",
+                              zero.zero_hpz_partition_size),
+                      inert=True, neutralize=_evolve_zero(zero_hpz_partition_size=1))
+
+
+def compile_rules(cfg: DeepSpeedConfig) -> Iterator[Finding]:
+    comp = cfg.compile
+    if comp.passes and not comp.deepcompile:
+        yield Finding(Problem("compile.passes", "compiler passes run only with compile.deepcompile: true; ignored",
+                              comp.passes),
+                      inert=True, neutralize=lambda c: attrs.evolve(c, compile=attrs.evolve(c.compile, passes=[])))
+    if "autotp" in comp.passes and cfg.tensor_parallel.autotp_size <= 1:
+        yield _error("compile.passes", "the autotp pass needs tensor_parallel.autotp_size greater than 1",
+                     comp.passes)
+    if comp.deepcompile and not cfg.managed_gradient_accumulation:
+        yield _error("managed_gradient_accumulation", "false is incompatible with compile.deepcompile", False)
+    if comp.deepcompile and cfg.gradient_allreduce_op == "sum":
+        yield _error("gradient_allreduce_op", "\"sum\" is not supported with compile.deepcompile", "sum")
+
+
+def profiling_rules(cfg: DeepSpeedConfig) -> Iterator[Finding]:
+    tuning = cfg.autotuning
+    if tuning.end_profile_step < tuning.start_profile_step:
+        yield _error("autotuning.end_profile_step",
+                     f"must not be less than autotuning.start_profile_step ({tuning.start_profile_step})",
+                     tuning.end_profile_step)
+
+
+def monitor_rules(cfg: DeepSpeedConfig) -> Iterator[Finding]:
+    comet = cfg.comet
+    key = comet.experiment_key
+    if key is not None and not (key.isalnum() and 32 <= len(key) <= 50):
+        yield _error("comet.experiment_key", f"must be 32 to 50 alphanumeric characters (has {len(key)})", key)
+    if comet.enabled and comet.mode == "get" and key is None:
+        yield _error("comet.mode", "\"get\" continues an existing experiment and needs comet.experiment_key", "get")
+    for name in ("tensorboard", "csv_monitor"):
+        if not getattr(cfg, name).job_name.strip():
+            yield _error(f"{name}.job_name", "must not be empty (it names the log directory)", "")
+
+
+def expert_parallel_rules(cfg: DeepSpeedConfig) -> Iterator[Finding]:
+    ep = cfg.expert_parallel
+    if not ep.enabled:
+        return
+    world = cfg.data_parallel_size
+    if world % ep.autoep_size:
+        yield _error("expert_parallel.autoep_size",
+                     f"must divide the world size ({world}); valid sizes: "
+                     f"{', '.join(str(d) for d in range(1, world + 1) if world % d == 0)}", ep.autoep_size)
+    if ep.expert_tensor_parallel_size != 1:
+        yield _error("expert_parallel.expert_tensor_parallel_size", "AutoEP accepts only 1",
+                     ep.expert_tensor_parallel_size)
+    if ep.num_limited_groups is not None:
+        if ep.num_expert_groups is None:
+            yield _error("expert_parallel.num_limited_groups", "needs expert_parallel.num_expert_groups",
+                         ep.num_limited_groups)
+        elif ep.num_limited_groups > ep.num_expert_groups:
+            yield _error("expert_parallel.num_limited_groups",
+                         f"must be <= expert_parallel.num_expert_groups ({ep.num_expert_groups})",
+                         ep.num_limited_groups)
+    autotp = cfg.tensor_parallel.autotp_size
+    if autotp > 1:
+        yield _error("expert_parallel.enabled",
+                     f"AutoEP cannot be combined with AutoTP (tensor_parallel.autotp_size is {autotp})", True)
+    if ep.has_shared_experts and ep.shared_experts_pattern is None and ep.preset_model is None:
+        yield _error("expert_parallel.shared_experts_pattern",
+                     "has_shared_experts: true needs shared_experts_pattern (or a preset_model that names it)")
+    if ep.moe_layer_pattern is not None:
+        try:
+            re.compile(ep.moe_layer_pattern)
+        except re.error as exc:
+            yield _error("expert_parallel.moe_layer_pattern", f"is not a valid regular expression: {exc}",
+                         ep.moe_layer_pattern)
+        if ep.preset_model is None:
+            for key in ("router_pattern", "expert_pattern"):
+                if getattr(ep, key) is None:
+                    yield _error(f"expert_parallel.{key}", "a custom moe_layer_pattern without preset_model needs it")
+    if ep.combine_impl == "fused_weighted_sum" and ep.score_apply == "pre":
+        yield _error("expert_parallel.combine_impl", "\"fused_weighted_sum\" needs score_apply \"post\"",
+                     ep.combine_impl)
+    zero = cfg.zero_optimization
+    if zero.stage == 3 and (zero.zero_hpz_partition_size > 1 or zero.zero_quantized_gradients):
+        yield _error("expert_parallel.enabled",
+                     "AutoEP with ZeRO stage 3 does not support hpZ (zero_hpz_partition_size > 1) "
+                     "or zero_quantized_gradients", True)
+
+
+def data_efficiency_rules(cfg: DeepSpeedConfig) -> Iterator[Finding]:
+    de = cfg.data_efficiency
+    ltd = de.data_routing.random_ltd
+    base = "data_efficiency.data_routing.random_ltd"
+    if ltd.random_ltd_layer_num is not None and ltd.random_ltd_layer_id and \
+            len(ltd.random_ltd_layer_id) != ltd.random_ltd_layer_num:
+        yield _error(f"{base}.random_ltd_layer_id",
+                     f"has {len(ltd.random_ltd_layer_id)} ids but random_ltd_layer_num is {ltd.random_ltd_layer_num}",
+                     ltd.random_ltd_layer_id)
+    if ltd.enabled:
+        yield from _required(base, ltd, ("total_layer_num", "random_ltd_layer_num", "model_type", "hidden_state_order"))
+        yield from _required(f"{base}.random_ltd_schedule", ltd.random_ltd_schedule, ("min_value", "max_value"))
+        yield from _required(f"{base}.random_ltd_schedule.schedule_config", ltd.random_ltd_schedule.schedule_config,
+                             ("require_steps", "seq_per_step"))
+        if ltd.total_layer_num is not None:
+            bad = [i for i in ltd.random_ltd_layer_id if not 0 <= i < ltd.total_layer_num]
+            if bad:
+                yield _error(f"{base}.random_ltd_layer_id",
+                             f"ids {bad} are outside 0..{ltd.total_layer_num - 1} (total_layer_num)", bad)
+        sched = ltd.random_ltd_schedule
+        if sched.min_value is not None and sched.max_value is not None and sched.min_value > sched.max_value:
+            yield _error(f"{base}.random_ltd_schedule.min_value",
+                         f"must not exceed max_value ({sched.max_value})", sched.min_value)
+        if not (de.enabled and de.data_routing.enabled):
+            yield Finding(Problem(f"{base}.enabled",
+                                  "random-LTD runs only with data_efficiency.enabled and "
+                                  "data_efficiency.data_routing.enabled also true; it is ignored"), inert=True,
+                          neutralize=_disable_random_ltd)
+
+    cl = de.data_sampling.curriculum_learning
+    cl_base = "data_efficiency.data_sampling.curriculum_learning"
+    for name, metric in cl.curriculum_metrics.items():
+        yield from _curriculum_metric_rules(f"{cl_base}.curriculum_metrics.{name}", metric, cl.enabled)
+    if cl.enabled:
+        if not cl.curriculum_metrics:
+            yield _error(f"{cl_base}.curriculum_metrics", "curriculum learning is enabled but names no metric")
+        needs_clusters = any(m.clustering_type == "schedule_based" for m in cl.curriculum_metrics.values())
+        if needs_clusters and cl.data_cluster_path is None:
+            yield _error(f"{cl_base}.data_cluster_path", "schedule_based clustering needs a data_cluster_path")
+
+
+_SCHEDULE_KEYS = {
+    "fixed_linear": ("total_curriculum_step", "difficulty_step"),
+    "fixed_root": ("total_curriculum_step", "difficulty_step", "root_degree"),
+    "fixed_discrete": ("difficulty", "max_step"),
+    "custom": (),
+}
+
+
+def _curriculum_metric_rules(path: str, metric, enabled: bool) -> Iterator[Finding]:
+    if enabled:
+        yield from _required(path, metric, ("min_difficulty", "max_difficulty", "schedule_type"))
+        if metric.clustering_type == "schedule_based":
+            yield from _required(path, metric, ("index_to_sample_path", "index_to_metric_path"))
+    lo, hi = metric.min_difficulty, metric.max_difficulty
+    if lo is not None and hi is not None and lo > hi:
+        yield _error(f"{path}.min_difficulty", f"must not exceed max_difficulty ({hi})", lo)
+    if metric.difficulty_type == "percentile":
+        for key, value in (("min_difficulty", lo), ("max_difficulty", hi)):
+            if value is not None and not 0 <= value <= 100:
+                yield _error(f"{path}.{key}", "a percentile must be between 0 and 100", value)
+    schedule = metric.schedule_type
+    if schedule is None:
+        return
+    config = metric.schedule_config
+    yield from _required(f"{path}.schedule_config", config, _SCHEDULE_KEYS[schedule],
+                         why=f"schedule_type {schedule!r} needs it")
+    for key in {k for keys in _SCHEDULE_KEYS.values() for k in keys} - set(_SCHEDULE_KEYS[schedule]):
+        if getattr(config, key) is not None:
+            yield Finding(Problem(f"{path}.schedule_config.{key}",
+                                  f"is not used by schedule_type {schedule!r}; it is ignored", getattr(config, key)),
+                          inert=True)
+    if schedule == "fixed_discrete" and config.difficulty is not None and config.max_step is not None \
+            and len(config.max_step) != len(config.difficulty) - 1:
+        yield _error(f"{path}.schedule_config.max_step",
+                     f"needs one step fewer than difficulty has levels ({len(config.difficulty)} levels, "
+                     f"{len(config.max_step)} steps)", config.max_step)
+
+
+def _required(path: str, obj, keys, why: str = "required when enabled") -> Iterator[Finding]:
+    for key in keys:
+        if getattr(obj, key) is None:
+            yield _error(f"{path}.{key}", f"is missing ({why})")
+
+
+def _disable_random_ltd(cfg: DeepSpeedConfig) -> DeepSpeedConfig:
+    de = cfg.data_efficiency
+    ltd = attrs.evolve(de.data_routing.random_ltd, enabled=False)
+    routing = attrs.evolve(de.data_routing, random_ltd=ltd)
+    return attrs.evolve(cfg, data_efficiency=attrs.evolve(de, data_routing=routing))
+
+
+def tensor_parallel_rules(cfg: DeepSpeedConfig) -> Iterator[Finding]:
+    partition = cfg.tensor_parallel.partition_config
+    if partition is None:
+        return
+    for index, spec in enumerate(partition.layer_specs):
+        path = f"tensor_parallel.partition_config.layer_specs[{index}]"
+        if not spec.patterns:
+            yield _error(f"{path}.patterns", "needs at least one regular expression")
+        for pattern in spec.patterns:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                yield _error(f"{path}.patterns", f"{pattern!r} is not a valid regular expression: {exc}", pattern)
+        if spec.partition_dim is not None and spec.shape is None:
+            yield _error(f"{path}.partition_dim", "is used only together with shape", spec.partition_dim)
+
+
+def hybrid_engine_rules(cfg: DeepSpeedConfig) -> Iterator[Finding]:
+    he = cfg.hybrid_engine
+    if he.enabled and he.enable_cuda_graph:
+        reasons = [text for cond, text in (
+            (cfg.zero_optimization.stage == 3, "ZeRO stage 3"),
+            (he.release_inference_cache, "release_inference_cache"),
+            (he.inference_tp_size > 1, "inference_tp_size > 1")) if cond]
+        if reasons:
+            yield Finding(Problem("hybrid_engine.enable_cuda_graph",
+                                  f"has no effect with {', '.join(reasons)}; it is ignored", True), warn_only=True)
+
+
+RULES = (precision_rules, zero_rules, compile_rules, profiling_rules, monitor_rules, expert_parallel_rules,
+         data_efficiency_rules, tensor_parallel_rules, hybrid_engine_rules)
+
+
+def check_rules(cfg: DeepSpeedConfig) -> list[Finding]:
+    return [finding for rule in RULES for finding in rule(cfg)]
+
+
+__all__ = ["AUTO", "RULES", "Finding", "check_rules"]

@@ -1,0 +1,57 @@
+"""Autotuning, activation checkpointing, checkpoint files and compiler passes."""
+
+from typing import Literal, Optional
+
+import attrs
+
+from ..fields import section, setting
+
+
+@attrs.frozen
+class AutotuningConfig:
+    enabled: bool = setting(False, "Enable the autotuner.")
+    results_dir: str = setting("autotuning_results", "Directory of the experiment results.")
+    exps_dir: str = setting("autotuning_exps", "Directory of the experiment descriptions.")
+    overwrite: bool = setting(False, "Re-run experiments whose results exist.")
+    metric: Literal["latency", "throughput", "flops"] = setting("throughput", "Metric that ranks experiments.")
+    start_profile_step: int = setting(3, "Step at which profiling starts.", ge=0)
+    end_profile_step: int = setting(5, "Step at which profiling ends; not less than start_profile_step.", ge=0)
+    fast: bool = setting(True, "Tune only ZeRO stages and micro-batch sizes.")
+    max_train_batch_size: Optional[int] = setting(None, "Largest global batch size to try.", ge=1)
+    mp_size: int = setting(1, "Model-parallel degree.", ge=1)
+    num_tuning_micro_batch_sizes: int = setting(3, "Micro-batch sizes to explore.", ge=1)
+    tuner_type: Literal["model_based", "gridsearch", "random"] = setting("model_based", "Order of exploration.")
+    tuner_early_stopping: int = setting(5, "Experiments beyond the best before stopping.", ge=1)
+    tuner_num_trials: int = setting(50, "Most experiments per ZeRO stage.", ge=1)
+    arg_mappings: Optional[dict[str, str]] = setting(None, "Config key -> training-script argument it maps to.")
+
+
+@attrs.frozen
+class ActivationCheckpointingConfig:
+    partition_activations: bool = setting(False, "Partition checkpointed activations over model parallelism.")
+    cpu_checkpointing: bool = setting(False, "Offload checkpointed activations to the CPU.")
+    contiguous_memory_optimization: bool = setting(False, "Copy partitioned activations into contiguous memory.")
+    number_checkpoints: Optional[int] = setting(None, "Checkpoints for contiguous_memory_optimization's buffer.", ge=1)
+    synchronize_checkpoint_boundary: bool = setting(False, "Synchronise the device at each checkpoint boundary.")
+    profile: bool = setting(False, "Log forward/backward time of each checkpointed function.")
+
+
+@attrs.frozen
+class CheckpointParallelWriteConfig:
+    pipeline_stage: bool = setting(False, "Parallelise checkpoint writes over pipeline stages.")
+
+
+@attrs.frozen
+class CheckpointConfig:
+    tag_validation: Literal["Ignore", "Warn", "Fail"] = setting("Warn", "Check that tags agree across ranks.")
+    load_universal: bool = setting(False, "Load a universal checkpoint.")
+    use_node_local_storage: bool = setting(False, "Store checkpoints by local rank (no shared file system needed).")
+    parallel_write: CheckpointParallelWriteConfig = section(CheckpointParallelWriteConfig, "Parallel writing.")
+
+
+@attrs.frozen
+class CompileConfig:
+    deepcompile: bool = setting(False, "Enable DeepCompile.")
+    passes: list[Literal["autosp", "autotp"]] = section(list, "Compiler passes to apply.")
+    offload_activation: bool = setting(False, "DeepCompile activation offload (needs a custom schedule).")
+    offload_activation_pin_memory: bool = setting(True, "Pin host buffers of activation offload.")

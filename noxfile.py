@@ -1,0 +1,93 @@
+"""Test automation for the dstrain monorepo.
+
+`nox` runs every library's tests, each in a fresh virtual environment that holds only that
+library, the sibling libraries it declares (read from the pyproject files) and its test extra, so
+a forgotten dependency fails its tests. `nox -s dsconfig` runs one library; `nox -s lint` runs ruff
+and the layering check.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import tomllib
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).parent
+CONSTRAINTS = str(ROOT / "constraints.txt")  # pins torch==2.13.0 for every install
+
+# The layering of DESIGN.md as data, lowest first. A library may depend only on those it lists
+# here; a new library is one line.
+LAYERS: dict[str, set[str]] = {
+    "dsconfig": set(),
+}
+
+nox.options.sessions = [*LAYERS, "lint"]
+nox.options.reuse_existing_virtualenvs = False
+nox.options.error_on_missing_interpreters = True
+
+
+def _project_dir(lib: str) -> Path:
+    return ROOT / ("facade" if lib == "dstrain" else f"libs/{lib}")
+
+
+def _sibling_dependencies(lib: str) -> list[str]:
+    """Sibling libraries named in `lib`'s [project].dependencies."""
+    project = tomllib.loads((_project_dir(lib) / "pyproject.toml").read_text())["project"]
+    names = (re.split(r"[\s\[<>=!~;]", req, maxsplit=1)[0] for req in project.get("dependencies", []))
+    return [name for name in names if name in LAYERS]
+
+
+def _closure(lib: str) -> list[str]:
+    """`lib`'s sibling dependencies, transitively, lowest layer first."""
+    seen: list[str] = []
+
+    def visit(name: str) -> None:
+        for dep in _sibling_dependencies(name):
+            if dep not in seen:
+                visit(dep)
+                seen.append(dep)
+
+    visit(lib)
+    return sorted(seen, key=list(LAYERS).index)
+
+
+def _run_library_tests(session: nox.Session, lib: str) -> None:
+    local = [str(_project_dir(dep)) for dep in _closure(lib)]
+    # One pip call so sibling requirements resolve to the local checkouts, never to PyPI.
+    session.install("-c", CONSTRAINTS, *local, f"{_project_dir(lib)}[test]")
+    session.run("pytest", str(_project_dir(lib) / "tests"), *session.posargs)
+
+
+def _library_session(lib: str):
+    def session_func(session: nox.Session) -> None:
+        _run_library_tests(session, lib)
+
+    session_func.__doc__ = f"Install {lib} alone with its declared closure and run its tests."
+    return session_func
+
+
+for _lib in LAYERS:
+    nox.session(name=_lib)(_library_session(_lib))
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff, then the layering: declared sibling dependencies and actual imports."""
+    session.install("ruff")
+    session.run("ruff", "check", ".")
+    bad = [
+        f"{lib} declares {dep}, which is not below it in noxfile.LAYERS"
+        for lib in LAYERS
+        for dep in _sibling_dependencies(lib)
+        if dep not in LAYERS[lib]
+    ]
+    if bad:
+        session.error("\n".join(bad))
+    shared_check = ROOT.parent / "shared" / "tools" / "check_layers.py"
+    if shared_check.exists():
+        session.run(sys.executable, str(shared_check), str(ROOT), external=True)
+    else:
+        session.log(f"{shared_check} not found; import layering not checked")
