@@ -26,12 +26,12 @@ def resolve_batch_triple(known: dict[str, int], *, explicit_auto: Collection[str
     if not isinstance(dp, int) or isinstance(dp, bool) or dp < 1:
         raise ConfigError(Problem("world_size", "the data-parallel size must be a positive integer", dp))
     tb, mb, gas = known.get(TB), known.get(MB), known.get(GAS)
-    factors = f"data-parallel size (world_size given to dsconfig.load) = {dp}"
+    factors = f"data-parallel size {dp} (the world_size given to dsconfig.load)"
 
     if tb is not None and mb is not None and gas is not None:
         if tb != mb * gas * dp:
             raise ConfigError(Problem(
-                TB, f"does not equal {MB} ({mb}) * {GAS} ({gas}) * {factors}, which is {mb * gas * dp}; "
+                TB, f"does not equal {MB} ({mb}) * {GAS} ({gas}) * {factors} = {mb * gas * dp}; "
                     f"change one of them, or give only two and the third is derived", tb))
     elif tb is not None and mb is not None:
         gas = _divide(tb, mb * dp, TB, f"{MB} ({mb}) * {factors}", GAS)
@@ -61,6 +61,6 @@ def _divide(total: int, divisor: int, key: str, divisor_text: str, derived: str)
         lower, upper = total // divisor * divisor, (total // divisor + 1) * divisor
         nearest = f"{lower} or {upper}" if lower else f"{upper}"
         raise ConfigError(Problem(
-            key, f"is not divisible by {divisor_text} = {divisor}, so {derived} cannot be derived; "
+            key, f"is not divisible by {divisor_text}, which is {divisor}, so {derived} cannot be derived; "
                  f"the nearest valid {key} is {nearest}", total))
     return total // divisor

@@ -1,12 +1,13 @@
 """`DeepSpeedConfig`: the whole ds_config.json, one attribute per top-level key."""
 
-from typing import Any, Literal, Optional
+import typing
+from typing import Any, Literal
 
 import attrs
 from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 
 from .converter import CONVERTER
-from .fields import AUTO, Auto, section, setting
+from .fields import AUTO, Auto, info, section, setting
 from .sections import (
     ActivationCheckpointingConfig,
     AioConfig,
@@ -45,10 +46,10 @@ class DeepSpeedConfig:
     managed_gradient_accumulation: bool = setting(
         True, "Track micro-steps and step the optimizer only at the accumulation boundary.")
 
-    optimizer: Optional[OptimizerConfig] = setting(None, "Optimizer built from the config; null uses the client's.")
-    scheduler: Optional[SchedulerConfig] = setting(None, "Learning-rate scheduler built from the config.")
+    optimizer: OptimizerConfig | None = setting(None, "Optimizer built from the config; null uses the client's.")
+    scheduler: SchedulerConfig | None = setting(None, "Learning-rate scheduler built from the config.")
 
-    communication_data_type: Optional[Literal["fp32", "fp16", "bf16"]] = setting(
+    communication_data_type: Literal["fp32", "fp16", "bf16"] | None = setting(
         None, "Data type of gradient communication; null follows the training precision.")
     gradient_allreduce_op: Literal["mean", "sum"] = setting("mean", "Average (mean) or sum gradients over ranks.")
     prescale_gradients: bool = setting(False, "Scale gradients before the mean allreduce.")
@@ -95,7 +96,7 @@ class DeepSpeedConfig:
 
     def unresolved_auto(self) -> list[str]:
         """Dotted paths of every value still "auto" (batch sizes, HF-style placeholders)."""
-        return sorted(_auto_paths(self.to_dict(), ""))
+        return sorted(_auto_paths(self, ""))
 
     def is_batch_resolved(self) -> bool:
         return all(isinstance(getattr(self, key), int) for key in BATCH_KEYS)
@@ -145,12 +146,22 @@ def _register_hooks() -> None:
 _register_hooks()
 
 
-def _auto_paths(data: Any, path: str):
-    if isinstance(data, dict):
-        for key, value in data.items():
-            yield from _auto_paths(value, f"{path}.{key}" if path else key)
-    elif isinstance(data, list):
-        for index, value in enumerate(data):
-            yield from _auto_paths(value, f"{path}[{index}]")
-    elif data == AUTO:
-        yield path
+def _auto_paths(obj: Any, path: str):
+    """Placeholders: "auto" in a field typed `... | Auto` (not a mode), or anywhere in free-form params."""
+    if attrs.has(type(obj)):
+        for field in attrs.fields(type(obj)):
+            if field.metadata.get("dsconfig_internal"):
+                continue
+            value = getattr(obj, field.name)
+            where = f"{path}.{field.name}" if path else field.name
+            if value == AUTO:
+                if Auto in typing.get_args(field.type) and not info(field).auto_is_mode:
+                    yield where
+            else:
+                yield from _auto_paths(value, where)
+    elif isinstance(obj, dict):  # optimizer / scheduler params, curriculum metrics
+        for key, value in obj.items():
+            if value == AUTO:
+                yield f"{path}.{key}"
+            else:
+                yield from _auto_paths(value, f"{path}.{key}")

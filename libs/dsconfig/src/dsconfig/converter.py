@@ -109,10 +109,16 @@ def _structure_literal(value: Any, tp: Any) -> Any:
         for choice in choices:
             if value == choice and type(value) is type(choice):
                 return choice
-            if isinstance(value, str) and isinstance(choice, str) and value.strip().lower() == choice.lower():
+            if isinstance(value, str) and isinstance(choice, str) and _spelling(value) == choice.lower():
                 return choice  # "Warn" / "warn", "FLOPS" / "flops": same meaning, canonical spelling
     valid = ", ".join(repr(c) if isinstance(c, str) else str(c) for c in choices)
     raise BadValue(f"must be one of {valid}{_looks_like_search_space(value)}", value)
+
+
+def _spelling(text: str) -> str:
+    """Case and a "torch." prefix do not change meaning: "torch.bfloat16" is "bfloat16"."""
+    lowered = text.strip().lower()
+    return lowered.removeprefix("torch.")
 
 
 def _is_union(tp: Any) -> bool:
@@ -140,7 +146,7 @@ class _Converter:
         conv.register_structure_hook(int, _structure_int)
         conv.register_structure_hook(float, _structure_float)
         conv.register_structure_hook(str, _structure_str)
-        conv.register_structure_hook(type(None), _structure_none)
+        conv.register_structure_hook_func(lambda tp: tp is None or tp is type(None), _structure_none)
         conv.register_structure_hook_func(_is_any, lambda value, _: value)
         conv.register_structure_hook_func(_is_literal, _structure_literal)
         conv.register_structure_hook_func(_is_union, self._structure_union)
@@ -156,18 +162,17 @@ class _Converter:
             raise BadValue(f"must not be null; expected {_describe(tp)}", value)
         # Literal members first: "auto" must not be read as a plain string.
         ordered = sorted((m for m in members if m is not type(None)), key=lambda m: not _is_literal(m))
-        first_error: BadValue | None = None
+        errors: list[tuple[Any, BadValue]] = []
         for member in ordered:
             try:
                 return self.cattrs.structure(value, member)
             except BadValue as exc:
-                first_error = first_error or exc
-            except ClassValidationError:
-                raise
+                errors.append((member, exc))
         if isinstance(value, str) and any(_is_literal(m) for m in members):
             raise BadValue(f"must be {_describe(tp)}", value)
-        assert first_error is not None
-        raise BadValue(f"{first_error.message}; expected {_describe(tp)}", value, first_error.problems)
+        # The plain type's complaint ("must be an integer, not a list") says more than the placeholder's.
+        member, error = next(((m, e) for m, e in errors if not _is_literal(m)), errors[0])
+        raise BadValue(f"{error.message}, or {_describe_placeholders(tp)}", value, error.problems)
 
     def _structure_list(self, value: Any, tp: Any) -> list:
         if not isinstance(value, list):
@@ -177,7 +182,7 @@ class _Converter:
         for index, item in enumerate(value):
             try:
                 items.append(self.cattrs.structure(item, item_type))
-            except Exception as exc:  # noqa: BLE001 - every failure becomes a Problem
+            except Exception as exc:
                 problems.extend(problems_from(exc, f"[{index}]"))
         if problems:
             raise BadValue("has invalid items", value, problems)
@@ -186,12 +191,12 @@ class _Converter:
     def _structure_dict(self, value: Any, tp: Any) -> dict:
         if not isinstance(value, dict):
             raise BadValue(f"must be an object, not {_json_type(value)}", value)
-        key_type, value_type = typing.get_args(tp) or (str, Any)
+        _, value_type = typing.get_args(tp) or (str, Any)
         result, problems = {}, []
         for key, item in value.items():
             try:
                 result[key] = self.cattrs.structure(item, value_type)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 problems.extend(problems_from(exc, f".{key}"))
         if problems:
             raise BadValue("has invalid entries", value, problems)
@@ -218,6 +223,11 @@ def _describe(tp: Any) -> str:
             type(None): "null"}.get(tp, getattr(tp, "__name__", str(tp)))
 
 
+def _describe_placeholders(tp: Any) -> str:
+    others = [m for m in typing.get_args(tp) if _is_literal(m) or m is type(None)]
+    return " or ".join(_describe(m) for m in others) if others else _describe(tp)
+
+
 def problems_from(exc: BaseException, path: str) -> list[Problem]:
     """Flatten a cattrs exception tree (or one of our BadValue) into Problems with dotted paths."""
     if isinstance(exc, BadValue):
@@ -233,6 +243,8 @@ def problems_from(exc: BaseException, path: str) -> list[Problem]:
             sub_path = _join(path, f".{notes[0].name}") if notes else path
             found.extend(problems_from(sub, sub_path))
         return found
+    if isinstance(exc, KeyError):  # cattrs: a required key is absent
+        return [Problem(path.lstrip("."), "is required")]
     return [Problem(path.lstrip("."), str(exc))]
 
 

@@ -22,12 +22,15 @@ class FieldInfo:
     ge: float | None = None  # inclusive lower bound
     gt: float | None = None  # exclusive lower bound
     le: float | None = None  # inclusive upper bound
+    # "auto" is a mode of its own here (resolved from the model at run time), not a placeholder
+    # for a launcher to fill in, so unresolved_auto() does not list it.
+    auto_is_mode: bool = False
 
 
 def setting(default: Any, doc: str = "", *, ge: float | None = None, gt: float | None = None,
-            le: float | None = None) -> Any:
+            le: float | None = None, auto_is_mode: bool = False) -> Any:
     """A config key with a scalar (immutable) default."""
-    return attrs.field(default=default, metadata={_META_KEY: FieldInfo(doc, ge, gt, le)})
+    return attrs.field(default=default, metadata={_META_KEY: FieldInfo(doc, ge, gt, le, auto_is_mode)})
 
 
 def section(factory: Any, doc: str = "") -> Any:

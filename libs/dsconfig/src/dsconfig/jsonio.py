@@ -79,8 +79,9 @@ def _explain_json_error(text: str, exc: json.JSONDecodeError) -> str:
                f"(or use a \"_comment\" key)"
     if re.search(r",\s*[}\]]", text[max(0, exc.pos - 200): exc.pos + 5]):
         return f"{base}: a trailing comma before a closing bracket; remove it"
-    placeholder = re.search(r"\$\{?\w+\}?|\b[A-Z][A-Z0-9]*_[A-Z0-9_]+\b", line)
-    if placeholder:
+    # An unquoted word where a value belongs: a placeholder that sed / envsubst should have replaced.
+    placeholder = re.match(r"\$\{?\w+\}?|[A-Za-z_]\w*", text[exc.pos:])
+    if placeholder and placeholder.group(0) not in ("true", "false", "null"):
         return f"{base}: {placeholder.group(0)!r} looks like a template placeholder that a launch script " \
                f"fills in (sed / envsubst); fill it in before loading"
     stripped = text.strip()

@@ -58,7 +58,7 @@ def _load_dict(raw: dict, *, world_size: int, strict: bool) -> DeepSpeedConfig:
 
     try:
         cfg = CONVERTER.structure(cleaned, DeepSpeedConfig)
-    except Exception as exc:  # noqa: BLE001 - cattrs raises groups; every leaf becomes a Problem
+    except Exception as exc:
         problems += problems_from(exc, "")
         cfg = None
     if cfg is not None:
@@ -99,10 +99,10 @@ def _report_keys(report: KeyReport, strict: bool, problems: list[Problem]) -> No
         warnings.warn(ConfigWarning("keys that have no effect in dstrain (ignored): " + "; ".join(report.inert)),
                       stacklevel=4)
     if strict:
-        problems += [Problem(_path_of(entry), f"is not supported by dstrain: {_reason_of(entry)}; remove it, "
+        problems += [Problem(_path_of(entry), f"is not supported by dstrain{_reason_of(entry)}; remove it, "
                                               f"or load with strict=False to ignore it")
                      for entry in report.unsupported]
-        problems += [Problem(_path_of(entry), f"unknown key{_reason_of(entry, ' ')}; remove it or fix its "
+        problems += [Problem(_path_of(entry), f"unknown key{_reason_of(entry)}; remove it or fix its "
                                               f"spelling (strict=False ignores it with a warning)")
                      for entry in report.unknown]
         return
@@ -117,8 +117,9 @@ def _path_of(entry: str) -> str:
     return entry.split(" (", 1)[0]
 
 
-def _reason_of(entry: str, prefix: str = "") -> str:
-    return prefix + entry.split(" (", 1)[1].rstrip(")") if " (" in entry else ""
+def _reason_of(entry: str) -> str:
+    """The parenthesised part of a report entry, with its parentheses."""
+    return " (" + entry.split(" (", 1)[1] if " (" in entry else ""
 
 
 def _check_names_and_params(cleaned: dict, report: KeyReport) -> list[Problem]:

@@ -41,9 +41,6 @@ def _evolve_zero(**changes) -> Callable[[DeepSpeedConfig], DeepSpeedConfig]:
 def precision_rules(cfg: DeepSpeedConfig) -> Iterator[Finding]:
     if _on(cfg.fp16.enabled) and _on(cfg.bf16.enabled):
         yield _error("bf16.enabled", "fp16 and bf16 cannot both be enabled; turn one off")
-    if cfg.torch_autocast.enabled and (_on(cfg.fp16.enabled) or _on(cfg.bf16.enabled)):
-        yield _error("torch_autocast.enabled", "torch_autocast cannot be combined with fp16 or bf16 enabled; "
-                                               "use torch_autocast alone, or fp16 / bf16 alone")
     zero = cfg.zero_optimization
     offload_optimizer = zero.optimizer_offload_device != "none"
     bf16 = cfg.bf16
@@ -56,11 +53,11 @@ def precision_rules(cfg: DeepSpeedConfig) -> Iterator[Finding]:
             yield _error("bf16.bf16_master_weights_and_grads",
                          "with fp32 optimizer states it needs zero_optimization.offload_optimizer (CPU Adam); "
                          "or set bf16.bf16_optimizer_states: true")
-    if cfg.fp16.fp16_master_weights_and_grads and cfg.fp16.enabled is not False:
-        if zero.stage not in (2, 3) or not offload_optimizer:
-            yield _error("fp16.fp16_master_weights_and_grads",
-                         f"requires ZeRO stage 2 or 3 with offload_optimizer (stage is {zero.stage}, "
-                         f"offload_optimizer is {zero.optimizer_offload_device})")
+    fp16_master = cfg.fp16.fp16_master_weights_and_grads and cfg.fp16.enabled is not False
+    if fp16_master and (zero.stage not in (2, 3) or not offload_optimizer):
+        yield _error("fp16.fp16_master_weights_and_grads",
+                     f"requires ZeRO stage 2 or 3 with offload_optimizer (stage is {zero.stage}, "
+                     f"offload_optimizer is {zero.optimizer_offload_device})")
 
 
 def zero_rules(cfg: DeepSpeedConfig) -> Iterator[Finding]:

@@ -23,6 +23,7 @@ def json_schema() -> dict[str, Any]:
 
 def _class_schema(cls: type, definitions: dict, table_path: str) -> dict[str, Any]:
     properties: dict[str, Any] = {}
+    required = [f.name for f in attrs.fields(cls) if f.default is attrs.NOTHING]
     for field in attrs.fields(cls):
         if field.metadata.get("dsconfig_internal"):
             continue
@@ -41,8 +42,11 @@ def _class_schema(cls: type, definitions: dict, table_path: str) -> dict[str, An
     for (section, key), known in KNOWN_KEYS.items():
         if section == table_path and key not in properties:
             properties[key] = {"deprecated": True, "description": f"{known.kind}: {known.reason or known.new_key}"}
-    return {"type": "object", "properties": properties, "additionalProperties": False,
-            "patternProperties": {"^_": {"description": "a comment"}}}
+    schema = {"type": "object", "properties": properties, "additionalProperties": False,
+              "patternProperties": {"^_": {"description": "a comment"}}}
+    if required:
+        schema["required"] = required
+    return schema
 
 
 def _numeric_target(prop: dict) -> dict:

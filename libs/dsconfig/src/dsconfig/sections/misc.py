@@ -1,6 +1,6 @@
 """Autotuning, activation checkpointing, checkpoint files and compiler passes."""
 
-from typing import Literal, Optional
+from typing import Literal
 
 import attrs
 
@@ -17,13 +17,13 @@ class AutotuningConfig:
     start_profile_step: int = setting(3, "Step at which profiling starts.", ge=0)
     end_profile_step: int = setting(5, "Step at which profiling ends; not less than start_profile_step.", ge=0)
     fast: bool = setting(True, "Tune only ZeRO stages and micro-batch sizes.")
-    max_train_batch_size: Optional[int] = setting(None, "Largest global batch size to try.", ge=1)
+    max_train_batch_size: int | None = setting(None, "Largest global batch size to try.", ge=1)
     mp_size: int = setting(1, "Model-parallel degree.", ge=1)
     num_tuning_micro_batch_sizes: int = setting(3, "Micro-batch sizes to explore.", ge=1)
     tuner_type: Literal["model_based", "gridsearch", "random"] = setting("model_based", "Order of exploration.")
     tuner_early_stopping: int = setting(5, "Experiments beyond the best before stopping.", ge=1)
     tuner_num_trials: int = setting(50, "Most experiments per ZeRO stage.", ge=1)
-    arg_mappings: Optional[dict[str, str]] = setting(None, "Config key -> training-script argument it maps to.")
+    arg_mappings: dict[str, str] | None = setting(None, "Config key -> training-script argument it maps to.")
 
 
 @attrs.frozen
@@ -31,7 +31,7 @@ class ActivationCheckpointingConfig:
     partition_activations: bool = setting(False, "Partition checkpointed activations over model parallelism.")
     cpu_checkpointing: bool = setting(False, "Offload checkpointed activations to the CPU.")
     contiguous_memory_optimization: bool = setting(False, "Copy partitioned activations into contiguous memory.")
-    number_checkpoints: Optional[int] = setting(None, "Checkpoints for contiguous_memory_optimization's buffer.", ge=1)
+    number_checkpoints: int | None = setting(None, "Checkpoints for contiguous_memory_optimization's buffer.", ge=1)
     synchronize_checkpoint_boundary: bool = setting(False, "Synchronise the device at each checkpoint boundary.")
     profile: bool = setting(False, "Log forward/backward time of each checkpointed function.")
 

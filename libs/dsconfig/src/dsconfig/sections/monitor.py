@@ -1,6 +1,6 @@
 """Monitoring, communication logging and the flops profiler."""
 
-from typing import Literal, Optional
+from typing import Literal
 
 import attrs
 
@@ -12,36 +12,36 @@ DEFAULT_JOB_NAME = "DeepSpeedJobName"
 @attrs.frozen
 class TensorBoardConfig:
     enabled: bool = setting(False, "Write TensorBoard event files.")
-    output_path: Optional[str] = setting(None, "Directory of the logs; null means under the launching directory.")
+    output_path: str | None = setting(None, "Directory of the logs; null means under the launching directory.")
     job_name: str = setting(DEFAULT_JOB_NAME, "Sub-directory of output_path for this job.")
 
 
 @attrs.frozen
 class WandbConfig:
     enabled: bool = setting(False, "Log to Weights & Biases.")
-    group: Optional[str] = setting(None, "W&B group of runs.")
-    team: Optional[str] = setting(None, "W&B team (entity).")
+    group: str | None = setting(None, "W&B group of runs.")
+    team: str | None = setting(None, "W&B team (entity).")
     project: str = setting("deepspeed", "W&B project.")
 
 
 @attrs.frozen
 class CometConfig:
     enabled: bool = setting(False, "Log to Comet.")
-    workspace: Optional[str] = setting(None, "Comet workspace.")
-    project: Optional[str] = setting(None, "Comet project.")
+    workspace: str | None = setting(None, "Comet workspace.")
+    project: str | None = setting(None, "Comet project.")
     samples_log_interval: int = setting(100, "Submit metrics every this many samples.", ge=1)
-    experiment_name: Optional[str] = setting(None, "Name of the Comet experiment.")
-    api_key: Optional[str] = setting(None, "Comet API key (prefer the COMET_API_KEY environment variable).")
-    experiment_key: Optional[str] = setting(None, "Key of the experiment: 32 to 50 alphanumeric characters.")
-    online: Optional[bool] = setting(None, "Log to the server (true) or to an offline experiment (false).")
-    mode: Optional[Literal["get", "create", "get_or_create"]] = setting(
+    experiment_name: str | None = setting(None, "Name of the Comet experiment.")
+    api_key: str | None = setting(None, "Comet API key (prefer the COMET_API_KEY environment variable).")
+    experiment_key: str | None = setting(None, "Key of the experiment: 32 to 50 alphanumeric characters.")
+    online: bool | None = setting(None, "Log to the server (true) or to an offline experiment (false).")
+    mode: Literal["get", "create", "get_or_create"] | None = setting(
         None, "get an existing experiment, create a new one, or get_or_create (Comet's default).")
 
 
 @attrs.frozen
 class CSVMonitorConfig:
     enabled: bool = setting(False, "Write one CSV file per event.")
-    output_path: Optional[str] = setting(None, "Directory of the files; null means under the launching directory.")
+    output_path: str | None = setting(None, "Directory of the files; null means under the launching directory.")
     job_name: str = setting(DEFAULT_JOB_NAME, "Sub-directory of output_path for this job.")
 
 
@@ -68,4 +68,4 @@ class FlopsProfilerConfig:
     module_depth: int = setting(-1, "Depth of the per-module breakdown; -1 means all depths.", ge=-1)
     top_modules: int = setting(1, "Number of top modules shown per depth.", ge=1)
     detailed: bool = setting(True, "Print the detailed per-module profile.")
-    output_file: Optional[str] = setting(None, "File to write the profile to; null prints to stdout.")
+    output_file: str | None = setting(None, "File to write the profile to; null prints to stdout.")

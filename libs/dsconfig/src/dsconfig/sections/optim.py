@@ -4,16 +4,17 @@ from typing import Any
 
 import attrs
 
-from ..fields import section, setting
+from ..fields import FieldInfo, section
 
 
 @attrs.frozen
 class OptimizerConfig:
-    type: str = setting("Adam", "Adam, AdamW, Lamb, Muon, or the name of a torch.optim class.")
+    type: str = attrs.field(metadata={"dsconfig": FieldInfo("Adam, AdamW, Lamb, Muon, or a torch.optim class name.")})
     params: dict[str, Any] = section(dict, "Keyword arguments of the optimizer's constructor.")
 
 
 @attrs.frozen
 class SchedulerConfig:
-    type: str = setting("WarmupLR", "WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle, LRRangeTest or a torch scheduler.")
+    type: str = attrs.field(metadata={"dsconfig": FieldInfo(
+        "WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle, LRRangeTest, or a torch scheduler class name.")})
     params: dict[str, Any] = section(dict, "Keyword arguments of the scheduler's constructor.")

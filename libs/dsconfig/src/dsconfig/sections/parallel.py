@@ -1,6 +1,6 @@
 """Parallelism beyond data parallel: AutoTP, AutoEP, the hybrid engine and pipeline settings."""
 
-from typing import Literal, Optional
+from typing import Literal
 
 import attrs
 
@@ -11,9 +11,9 @@ from ..fields import Auto, section, setting
 class TPLayerSpec:
     patterns: list[str] = section(list, "Regexes of the parameter names this rule applies to.")
     partition_type: Literal["row", "column", "skip"] = setting("column", "How matching parameters are split.")
-    shape: Optional[list[int]] = setting(None, "Sub-parameter shape of fused weights before splitting, e.g. [2, -1].")
-    partition_dim: Optional[int] = setting(None, "Dimension to split when shape is given.")
-    model_types: Optional[list[str]] = setting(None, "model.config.model_type values this rule is limited to.")
+    shape: list[int] | None = setting(None, "Sub-parameter shape of fused weights before splitting, e.g. [2, -1].")
+    partition_dim: int | None = setting(None, "Dimension to split when shape is given.")
+    model_types: list[str] | None = setting(None, "model.config.model_type values this rule is limited to.")
 
 
 @attrs.frozen
@@ -28,10 +28,10 @@ TPPreset = Literal["llama", "bloom", "chatglm", "mixtral", "deepseek_v2", "qwen2
 @attrs.frozen
 class TensorParallelConfig:
     autotp_size: int = setting(0, "Tensor-parallel degree; 0 disables AutoTP.", ge=0)
-    preset_model: Optional[TPPreset] = setting(None, "Built-in partitioning preset.")
+    preset_model: TPPreset | None = setting(None, "Built-in partitioning preset.")
     tp_overlap_comm: bool = setting(False, "Overlap tensor-parallel allreduce with computation.")
     vocab_parallel_lm_head: bool = setting(False, "Keep an untied lm_head sharded over the vocabulary.")
-    partition_config: Optional[TPPartitionConfig] = setting(None, "Custom partitioning rules.")
+    partition_config: TPPartitionConfig | None = setting(None, "Custom partitioning rules.")
 
 
 @attrs.frozen
@@ -55,31 +55,33 @@ class ExpertParallelConfig:
     autoep_size: int = setting(1, "Expert-parallel degree; must divide world_size / pp_size.", ge=1)
     expert_tensor_parallel_size: int = setting(1, "Reserved; only 1 is accepted.", ge=1)
     async_split_plan: bool = setting(False, "Overlap the split-metadata copy with token packing (CUDA).")
-    preset_model: Optional[EPPreset] = setting(None, "Built-in MoE detection preset.")
+    preset_model: EPPreset | None = setting(None, "Built-in MoE detection preset.")
     use_grouped_mm: bool = setting(True, "Fused grouped GEMM for the experts.")
     disable_triton_grouped_mm: bool = setting(False, "Force torch._grouped_mm instead of the Triton kernel.")
-    moe_layer_pattern: Optional[str] = setting(None, "Regex of MoE module names.")
-    router_pattern: Optional[str] = setting(None, "Child attribute name of the router.")
-    expert_pattern: Optional[str] = setting(None, "Child attribute name of the experts module.")
+    moe_layer_pattern: str | None = setting(None, "Regex of MoE module names.")
+    router_pattern: str | None = setting(None, "Child attribute name of the router.")
+    expert_pattern: str | None = setting(None, "Child attribute name of the experts module.")
     score_func: Literal["softmax", "sigmoid", "auto"] = setting("auto", "Router scoring function.")
     score_apply: Literal["pre", "post", "auto"] = setting("auto", "Apply router scores before experts or at combine.")
     combine_impl: Literal["auto", "weighted_sum", "fused_weighted_sum", "legacy_bmm"] = setting(
         "auto", "How expert outputs are weighted and reduced over top-k.")
-    route_norm: Optional[bool] = setting(None, "Renormalise top-k scores; null auto-detects.")
+    route_norm: bool | None = setting(None, "Renormalise top-k scores; null auto-detects.")
     route_scale: float = setting(1.0, "Scale applied to router scores.")
-    top_k: int | Auto = setting("auto", "Experts per token; auto reads model.config via top_k_attr.", ge=1)
-    routed_scaling_factor: float | Auto = setting("auto", "Scale of routed expert outputs; auto detects.")
-    num_expert_groups: Optional[int] = setting(None, "Expert groups of group-limited routing.", ge=1)
-    num_limited_groups: Optional[int] = setting(None, "Groups selected per token; at most num_expert_groups.", ge=1)
+    top_k: int | Auto = setting("auto", "Experts per token; auto reads model.config via top_k_attr.", ge=1,
+                                 auto_is_mode=True)
+    routed_scaling_factor: float | Auto = setting("auto", "Scale of routed expert outputs; auto detects.",
+                                                auto_is_mode=True)
+    num_expert_groups: int | None = setting(None, "Expert groups of group-limited routing.", ge=1)
+    num_limited_groups: int | None = setting(None, "Groups selected per token; at most num_expert_groups.", ge=1)
     load_balance_coeff: None = setting(None, "Reserved; must be null.")
-    expert_w1: Optional[str] = setting(None, "Gate (or fused gate+up) weight name.")
-    expert_w2: Optional[str] = setting(None, "Down-projection weight name.")
-    expert_w3: Optional[str] = setting(_UNSET, "Up-projection weight name; null means fused gate+up.")
-    num_experts_attr: Optional[str] = setting(None, "model.config attribute holding the expert count.")
-    top_k_attr: Optional[str] = setting(None, "model.config attribute holding top-k.")
-    has_shared_experts: Optional[bool] = setting(None, "The layer has shared experts; null auto-detects.")
-    shared_experts_pattern: Optional[str] = setting(None, "Child attribute name of the shared experts.")
-    shared_experts_gate_pattern: Optional[str] = setting(None, "Child attribute name of the shared-experts gate.")
+    expert_w1: str | None = setting(None, "Gate (or fused gate+up) weight name.")
+    expert_w2: str | None = setting(None, "Down-projection weight name.")
+    expert_w3: str | None = setting(_UNSET, "Up-projection weight name; null means fused gate+up.")
+    num_experts_attr: str | None = setting(None, "model.config attribute holding the expert count.")
+    top_k_attr: str | None = setting(None, "model.config attribute holding top-k.")
+    has_shared_experts: bool | None = setting(None, "The layer has shared experts; null auto-detects.")
+    shared_experts_pattern: str | None = setting(None, "Child attribute name of the shared experts.")
+    shared_experts_gate_pattern: str | None = setting(None, "Child attribute name of the shared-experts gate.")
 
     @property
     def expert_w3_from_preset(self) -> bool:
@@ -88,7 +90,8 @@ class ExpertParallelConfig:
 
 @attrs.frozen
 class PipelineConfig:
-    stages: int | Auto = setting("auto", "Pipeline stages; auto takes the PipelineModule's num_stages.", ge=1)
+    stages: int | Auto = setting("auto", "Pipeline stages; auto takes the PipelineModule's num_stages.", ge=1,
+                                   auto_is_mode=True)
     partition: str = setting("best", "Layer partitioning; the PipelineModule's partition_method takes precedence.")
     seed_layers: bool = setting(False, "Seed each layer with its own seed.")
     activation_checkpoint_interval: int = setting(0, "Checkpoint activations every N layers; 0 disables.", ge=0)

@@ -1,6 +1,6 @@
 """Mixed precision: fp16, bf16, torch.autocast, and the gradient-accumulation dtype."""
 
-from typing import Literal, Optional
+from typing import Literal
 
 import attrs
 
@@ -45,5 +45,5 @@ class TorchAutocastConfig:
 
 @attrs.frozen
 class DataTypesConfig:
-    grad_accum_dtype: Optional[Literal["fp32", "fp16", "bf16"]] = setting(
+    grad_accum_dtype: Literal["fp32", "fp16", "bf16"] | None = setting(
         None, "Data type of gradient accumulation; null matches the model's type.")

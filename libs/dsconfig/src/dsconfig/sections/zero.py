@@ -1,6 +1,6 @@
 """ZeRO (the `zero_optimization` section) and its CPU/NVMe offload sub-sections."""
 
-from typing import Literal, Optional
+from typing import Literal
 
 import attrs
 
@@ -52,8 +52,8 @@ class ZeroConfig:
     load_from_fp32_weights: bool = setting(True, "Initialise master weights from the checkpoint's fp32 copies.")
     round_robin_gradients: bool = setting(False, "Parallelise gradient copies to CPU among ranks (ZeRO 1/2 offload).")
     parameter_alignment: bool = setting(False, "Pad ZeRO 1/2 flat buffers so every parameter is 16-byte aligned.")
-    offload_param: Optional[OffloadParamConfig] = setting(None, "Offload parameters to CPU or NVMe (stage 3).")
-    offload_optimizer: Optional[OffloadOptimizerConfig] = setting(
+    offload_param: OffloadParamConfig | None = setting(None, "Offload parameters to CPU or NVMe (stage 3).")
+    offload_optimizer: OffloadOptimizerConfig | None = setting(
         None, "Offload optimizer state and step to CPU (stages 1-3) or NVMe (stage 3).")
     stage3_max_live_parameters: int | Auto = setting(1_000_000_000, "Parameters resident per rank before release.", ge=0)
     stage3_max_reuse_distance: int | Auto = setting(
