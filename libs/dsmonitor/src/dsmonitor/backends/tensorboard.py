@@ -1,0 +1,31 @@
+"""TensorBoard event files, written through torch's SummaryWriter as DeepSpeed does."""
+
+import os
+from collections.abc import Sequence
+
+from .._extras import require
+from .base import Event, log_dir
+
+
+class TensorBoardMonitor:
+    """Writes scalars to event files in `output_path/job_name/`."""
+
+    name = "tensorboard"
+
+    def __init__(self, config, *, subdir: str = "") -> None:
+        require("tensorboard", "tensorboard", "The TensorBoard monitor")
+        summary = require("torch.utils.tensorboard", "tensorboard", "The TensorBoard monitor")
+        self.log_dir = log_dir(config.output_path, config.job_name, subdir)
+        os.makedirs(self.log_dir, exist_ok=True)
+        self._writer = summary.SummaryWriter(log_dir=self.log_dir)
+
+    def write_events(self, events: Sequence[Event]) -> None:
+        add_scalar = self._writer.add_scalar
+        for name, value, step in events:
+            add_scalar(name, value, step)
+
+    def flush(self) -> None:
+        self._writer.flush()
+
+    def close(self) -> None:
+        self._writer.close()

@@ -1,0 +1,40 @@
+"""Weights & Biases; honours WANDB_MODE=offline and every other WANDB_* variable by leaving them to wandb."""
+
+from collections.abc import Sequence
+
+from .._extras import require
+from .base import Event
+
+
+class WandbMonitor:
+    """One W&B run in `project`, `group`, under `team` (W&B's entity)."""
+
+    name = "wandb"
+
+    def __init__(self, config, *, run_name: str | None = None, dir: str | None = None) -> None:
+        wandb = require("wandb", "wandb", "The W&B monitor")
+        # create_new: a run the user opened themselves stays theirs and is not finished by close().
+        self.run = wandb.init(
+            project=config.project, group=config.group, entity=config.team, name=run_name, dir=dir,
+            reinit="create_new",
+        )
+
+    def write_events(self, events: Sequence[Event]) -> None:
+        # One log call per step: W&B commits a history row when the step moves on, and rejects
+        # a step lower than one it has already committed.
+        row: dict[str, float] = {}
+        row_step = None
+        for name, value, step in events:
+            if step != row_step and row:
+                self.run.log(row, step=row_step)
+                row = {}
+            row_step = step
+            row[name] = value
+        if row:
+            self.run.log(row, step=row_step)
+
+    def flush(self) -> None:
+        pass  # wandb streams to its own service process; nothing is held here
+
+    def close(self) -> None:
+        self.run.finish()
