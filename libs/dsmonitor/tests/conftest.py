@@ -14,6 +14,7 @@ def offline_backends(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb_dir"))
     monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("COMET_ERROR_TRACKING_ENABLE", "false")  # no network here: no error reports
     monkeypatch.setenv("COMET_OFFLINE_DIRECTORY", str(tmp_path / "comet_dir"))
     # Environment details (conda, git, host) make Comet's end() take seconds; the metrics do not need them.
     for flag in ("COMET_AUTO_LOG_ENV_DETAILS", "COMET_AUTO_LOG_GIT_METADATA", "COMET_AUTO_LOG_GIT_PATCH",

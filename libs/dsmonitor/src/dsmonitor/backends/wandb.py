@@ -1,5 +1,6 @@
 """Weights & Biases; honours WANDB_MODE=offline and every other WANDB_* variable by leaving them to wandb."""
 
+import os
 from collections.abc import Sequence
 
 from .._extras import require
@@ -13,10 +14,12 @@ class WandbMonitor:
 
     def __init__(self, config, *, run_name: str | None = None, dir: str | None = None) -> None:
         wandb = require("wandb", "wandb", "The W&B monitor")
+        # wandb reads WANDB_DIR / WANDB_MODE once per process; passing them makes each monitor
+        # follow the environment as it is when the monitor is built.
         # create_new: a run the user opened themselves stays theirs and is not finished by close().
         self.run = wandb.init(
-            project=config.project, group=config.group, entity=config.team, name=run_name, dir=dir,
-            reinit="create_new",
+            project=config.project, group=config.group, entity=config.team, name=run_name,
+            dir=dir or os.environ.get("WANDB_DIR"), mode=os.environ.get("WANDB_MODE"), reinit="create_new",
         )
 
     def write_events(self, events: Sequence[Event]) -> None:
