@@ -132,15 +132,16 @@ class DeepSpeedConfig:
 
 
 def _register_hooks() -> None:
-    # data_parallel_size is bookkeeping of `load`, not a config key.
+    # data_parallel_size is bookkeeping of `load`, not a config key. Factories run on first use,
+    # keeping cattrs' code generation out of `import dsconfig`.
     conv = CONVERTER.cattrs
     omit = override(omit=True)
-    conv.register_unstructure_hook(
-        DeepSpeedConfig, make_dict_unstructure_fn(DeepSpeedConfig, conv, data_parallel_size=omit))
-    conv.register_structure_hook(
-        DeepSpeedConfig,
-        make_dict_structure_fn(DeepSpeedConfig, conv, _cattrs_forbid_extra_keys=True,
-                               _cattrs_detailed_validation=True, data_parallel_size=omit))
+    is_config = lambda tp: tp is DeepSpeedConfig  # noqa: E731
+    conv.register_unstructure_hook_factory(
+        is_config, lambda tp: make_dict_unstructure_fn(tp, conv, data_parallel_size=omit))
+    conv.register_structure_hook_factory(
+        is_config, lambda tp: make_dict_structure_fn(tp, conv, _cattrs_forbid_extra_keys=True,
+                                                     _cattrs_detailed_validation=True, data_parallel_size=omit))
 
 
 _register_hooks()

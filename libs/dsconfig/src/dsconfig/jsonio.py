@@ -55,15 +55,34 @@ def _maybe_base64(text: str) -> str | None:
 
 
 def parse_json(text: str, name: str) -> dict:
-    decoder = _DuplicateRefusingDecoder()
     try:
-        data = decoder.decode(text)
+        # The C parser first; only a file with a repeated key pays for the slower one that finds lines.
+        data = json.loads(text, object_pairs_hook=_refuse_duplicates)
+    except _DuplicateKey:
+        data = None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(Problem("", _explain_json_error(text, exc)), source=name) from None
+    if data is not None:
+        return _require_object(data, name)
+    try:
+        data = _DuplicateRefusingDecoder().decode(text)
     except _DuplicateKey as dup:
         raise ConfigError(Problem(dup.path, f"appears twice in the same object (lines {dup.first_line} and "
                                             f"{dup.second_line}); JSON keeps only the last, so remove one"),
                           source=name) from None
-    except json.JSONDecodeError as exc:
+    except json.JSONDecodeError as exc:  # pragma: no cover - the C parser raised it first
         raise ConfigError(Problem("", _explain_json_error(text, exc)), source=name) from None
+    return _require_object(data, name)
+
+
+def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict:
+    result = dict(pairs)
+    if len(result) != len(pairs):
+        raise _DuplicateKey("", 0, 0)
+    return result
+
+
+def _require_object(data: Any, name: str) -> dict:
     if not isinstance(data, dict):
         raise ConfigError(Problem("", f"the top level must be a JSON object {{...}}, not {type(data).__name__}"),
                           source=name)

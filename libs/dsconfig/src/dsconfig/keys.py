@@ -15,6 +15,7 @@ Keys that start with "_" are comments (JSON has none) and are skipped.
 from __future__ import annotations
 
 import difflib
+import functools
 import typing
 from collections.abc import Callable
 from typing import Any, Literal, Union
@@ -146,6 +147,7 @@ class KeyReport:
     errors: list[Problem] = attrs.Factory(list)
 
 
+@functools.cache
 def nested_class(tp: Any) -> tuple[type | None, bool]:
     """(attrs class, is-a-dict-of-them) for a field type: Section, Optional[Section], dict[str, Section]."""
     origin = typing.get_origin(tp)
@@ -168,7 +170,7 @@ def accepts_none(tp: Any) -> bool:
 
 def clean_keys(raw: dict, cls: type, path: str, report: KeyReport) -> dict:
     """A copy of `raw` that holds only fields of `cls`, recursively; the rest goes into `report`."""
-    fields = {f.name: f for f in attrs.fields(cls) if not f.metadata.get("dsconfig_internal")}
+    fields = _schema_fields(cls)
     section = dict(raw)
     section_name = path.split(".")[-1] if path else ""
     table_path = path if path.count(".") == 0 else section_name
@@ -223,6 +225,11 @@ def clean_keys(raw: dict, cls: type, path: str, report: KeyReport) -> dict:
         elif isinstance(value, dict) and not is_mapping:
             section[name] = clean_keys(value, child_cls, child_path, report)
     return section
+
+
+@functools.cache
+def _schema_fields(cls: type) -> dict[str, attrs.Attribute]:
+    return {f.name: f for f in attrs.fields(cls) if not f.metadata.get("dsconfig_internal")}
 
 
 def _parent(path: str) -> str:

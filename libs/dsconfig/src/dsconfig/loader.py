@@ -5,6 +5,7 @@ Every stage collects all its problems; the first stage that found any raises the
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Any
 
@@ -161,17 +162,15 @@ def _check_names_and_params(cleaned: dict, report: KeyReport) -> list[Problem]:
 def _check_bounds(obj: Any, path: str) -> list[Problem]:
     """Numeric bounds declared on the fields (ge / gt / le), recursively."""
     problems: list[Problem] = []
-    for field in attrs.fields(type(obj)):
-        value = getattr(obj, field.name)
-        where = f"{path}.{field.name}" if path else field.name
-        child, is_mapping = nested_class(field.type)
-        if child is not None and value is not None:
-            for key, item in (value.items() if is_mapping else [("", value)]):
-                problems += _check_bounds(item, f"{where}.{key}" if is_mapping else where)
+    for name, child, is_mapping, meta in _bounds_plan(type(obj)):
+        value = getattr(obj, name)
+        where = f"{path}.{name}" if path else name
+        if child is not None:
+            if value is not None:
+                for key, item in (value.items() if is_mapping else [("", value)]):
+                    problems += _check_bounds(item, f"{where}.{key}" if is_mapping else where)
             continue
-        meta = info(field)
-        items = value if isinstance(value, list) else [value]
-        for item in items:
+        for item in value if isinstance(value, list) else [value]:
             if isinstance(item, bool) or not isinstance(item, (int, float)):
                 continue
             if meta.ge is not None and item < meta.ge:
@@ -181,3 +180,15 @@ def _check_bounds(obj: Any, path: str) -> list[Problem]:
             elif meta.le is not None and item > meta.le:
                 problems.append(Problem(where, f"must be <= {meta.le:g}", item))
     return problems
+
+
+@functools.cache
+def _bounds_plan(cls: type) -> tuple:
+    """The fields of `cls` worth visiting: nested sections, and values with declared bounds."""
+    plan = []
+    for field in attrs.fields(cls):
+        child, is_mapping = nested_class(field.type)
+        meta = info(field)
+        if child is not None or (meta.ge, meta.gt, meta.le) != (None, None, None):
+            plan.append((field.name, child, is_mapping, meta))
+    return tuple(plan)
