@@ -38,6 +38,7 @@ def test_check_a_broken_config_lists_every_error(tmp_path):
     result = run("check", str(path), "--world-size", "2")
     assert result.returncode == 1
     assert "INVALID" in result.stderr and "zero_optimization.stage = 5: must be one of 0, 1, 2, 3" in result.stderr
+    assert "train_batch_size = 30: is not divisible" in result.stderr  # reported beside the type error
 
 
 def test_check_strict_turns_unknown_keys_into_errors(tmp_path):

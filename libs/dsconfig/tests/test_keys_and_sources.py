@@ -166,6 +166,12 @@ def test_invalid_values_are_errors_in_both_modes(config, path):
         assert info.value.paths == [path], str(info.value)
 
 
+def test_quoted_booleans_and_numbers_get_a_hint():
+    with pytest.raises(dsconfig.ConfigError) as info:
+        dsconfig.load({"fp16": {"enabled": "true"}, "train_micro_batch_size_per_gpu": "8"})
+    assert "write true without quotes" in str(info.value) and "write 8 without quotes" in str(info.value)
+
+
 def test_byte_sizes_in_exponent_notation_are_integers():
     cfg = dsconfig.load({"zero_optimization": {"reduce_bucket_size": 5e8, "sub_group_size": 1e14}})
     assert cfg.zero_optimization.reduce_bucket_size == 500_000_000

@@ -1,8 +1,8 @@
 """Random mutations of valid configs either load or raise ConfigError, never another exception."""
 
 import copy
-import os
 import json
+import os
 import warnings
 
 from corpus_cases import CORPUS, REFUSED, corpus_files

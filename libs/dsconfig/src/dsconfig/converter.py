@@ -168,6 +168,9 @@ class _Converter:
                 return self.cattrs.structure(value, member)
             except BadValue as exc:
                 errors.append((member, exc))
+        quoted = [e for m, e in errors if not _is_literal(m) and "without quotes" in e.message]
+        if quoted:  # "true" or "8" in quotes: say so, it is the likely slip
+            raise BadValue(f"{quoted[0].message}; expected {_describe(tp)}", value)
         if isinstance(value, str) and any(_is_literal(m) for m in members):
             raise BadValue(f"must be {_describe(tp)}", value)
         # The plain type's complaint ("must be an integer, not a list") says more than the placeholder's.

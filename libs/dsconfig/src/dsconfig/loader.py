@@ -65,15 +65,28 @@ def _load_dict(raw: dict, *, world_size: int, strict: bool) -> DeepSpeedConfig:
     if cfg is not None:
         problems += _check_bounds(cfg, "")
 
+    # The batch triple is checked even when other keys failed, so one run reports both.
+    triple, batch_problems = _batch_triple(cleaned, world_size, [p.path for p in problems])
+    problems += batch_problems
     _report_keys(report, strict, problems)
     if problems:
         raise ConfigError(problems)
-
-    cfg = attrs.evolve(cfg, data_parallel_size=world_size)
-    explicit_auto = [key for key in BATCH_KEYS if raw.get(key) == AUTO]
-    known = {key: getattr(cfg, key) for key in BATCH_KEYS if getattr(cfg, key) != AUTO}
-    cfg = attrs.evolve(cfg, **resolve_batch_triple(known, explicit_auto=explicit_auto, data_parallel_size=world_size))
+    cfg = attrs.evolve(cfg, data_parallel_size=world_size, **triple)
     return _apply_rules(cfg, strict)
+
+
+def _batch_triple(cleaned: dict, world_size: int, failed: list[str]) -> tuple[dict, list[Problem]]:
+    if any(key in failed for key in BATCH_KEYS):
+        return {}, []
+    known = {key: int(cleaned[key]) for key in BATCH_KEYS
+             if isinstance(cleaned.get(key), (int, float)) and not isinstance(cleaned[key], bool)}
+    if any(value < 1 for value in known.values()):
+        return {}, []  # reported by the bounds check
+    explicit_auto = [key for key in BATCH_KEYS if cleaned.get(key) == AUTO]
+    try:
+        return resolve_batch_triple(known, explicit_auto=explicit_auto, data_parallel_size=world_size), []
+    except ConfigError as exc:
+        return {}, exc.problems
 
 
 def _apply_rules(cfg: DeepSpeedConfig, strict: bool) -> DeepSpeedConfig:
