@@ -15,6 +15,8 @@ from .master import MonitorMaster
 from .timers import SynchronizedWallClockTimer, ThroughputTimer
 
 _LAZY = {  # name -> module: these import torch, so they load on first use
+    "FlopsProfiler": "profiler",
+    "get_model_profile": "profiler",
 }
 
 
@@ -32,6 +34,7 @@ __all__ = [
     "Backend",
     "CSVMonitor",
     "CometMonitor",
+    "FlopsProfiler",
     "MissingExtraError",
     "MonitorConfigError",
     "MonitorError",
@@ -43,4 +46,5 @@ __all__ = [
     "__version__",
     "csvMonitor",
     "events",
+    "get_model_profile",
 ]
