@@ -153,7 +153,10 @@ def test_write_after_close_is_an_error_and_close_is_idempotent():
 
 def test_events_are_written_at_exit_without_close(tmp_path):
     code = ("import dsconfig, dsmonitor\n"
-            "m = dsmonitor.MonitorMaster(csv_monitor=dsconfig.CSVMonitorConfig(enabled=True, job_name='j'))\n"
+            "m = dsmonitor.MonitorMaster(csv_monitor=dsconfig.CSVMonitorConfig(enabled=True, job_name='j'),\n"
+            "                            wandb=dsconfig.WandbConfig(enabled=True))\n"
             "m.write_events([('x', float(i), i) for i in range(1000)])\n")
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=tmp_path, timeout=60)
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=tmp_path, timeout=120)
     assert len(readers.csv_rows(str(tmp_path / "j" / "x.csv"))) == 1001
+    history = readers.wandb_run(os.environ["WANDB_DIR"])["history"]
+    assert [row["x"] for row in history] == [float(i) for i in range(1000)]

@@ -12,13 +12,11 @@ from .backends.base import Backend
 from .errors import MonitorConfigError, MonitorError
 from .writer import BackendWorker
 
-_open_masters: "weakref.WeakSet[MonitorMaster]" = weakref.WeakSet()
 
-
-@atexit.register
-def _close_open_masters() -> None:
+def _close_at_exit(ref: "weakref.ref[MonitorMaster]") -> None:
     # A script that forgets close() still gets its last events written.
-    for master in list(_open_masters):
+    master = ref()
+    if master is not None:
         master.close()
 
 
@@ -105,7 +103,9 @@ class MonitorMaster:
             raise MonitorError(f"could not start the {key} monitor on rank {self.rank}: "
                                f"{type(exc).__name__}: {exc}") from exc
         self._workers = tuple(BackendWorker(b, max_pending) for b in self.backends.values())
-        _open_masters.add(self)
+        # Registered after the backends started: atexit runs hooks last-in first-out, so this
+        # close runs before wandb's / comet's own exit hooks tear their runs down.
+        atexit.register(_close_at_exit, weakref.ref(self))
 
     @classmethod
     def from_config(cls, config, **kwargs) -> "MonitorMaster":
@@ -140,7 +140,6 @@ class MonitorMaster:
         if self._closed:
             return
         self._closed = True
-        _open_masters.discard(self)
         for worker in self._workers:
             worker.close(self.close_timeout)
 
