@@ -90,6 +90,25 @@ def test_sdpa_is_counted():
     assert macs == 2 * (2 * 4 * 10 * 10 * 8)
 
 
+@pytest.mark.parametrize("fast_path", [True, False])
+def test_multihead_attention_inference_fast_path_and_training_path(fast_path):
+    b, s, d, h = 2, 10, 32, 4
+    mha = nn.MultiheadAttention(d, h, batch_first=True).train(not fast_path)
+    x = torch.randn(b, s, d)
+
+    class SelfAttention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mha = mha
+
+        def forward(self, x):
+            return self.mha(x, x, x, need_weights=False)[0]
+
+    with torch.set_grad_enabled(not fast_path):  # no grad + eval: the fused _native_multi_head_attention
+        _, macs, _ = profile(SelfAttention(), x)
+    assert macs == b * s * d * 3 * d + 2 * b * s * s * d + b * s * d * d
+
+
 class Sleepy(nn.Module):
     def __init__(self):
         super().__init__()

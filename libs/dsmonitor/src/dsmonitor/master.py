@@ -60,11 +60,16 @@ class MonitorMaster:
     `enabled=False` leaves a backend off. `write_rank` is the rank that writes (None: every rank,
     each into its own `rank<N>` sub-directory / run name). `extra_backends` are any objects with
     `name`, `write_events`, `flush` and `close` (see `Backend`), run like the built-in ones.
+    Backends receive queued events every `write_interval` seconds, at flush() and at close();
+    a backend more than `max_pending` batches behind drops new events (counted, warned once).
     """
 
     def __init__(self, tensorboard=None, wandb=None, comet=None, csv_monitor=None, *,
                  rank: int | None = None, write_rank: int | None = 0, max_pending: int = 10_000,
+                 write_interval: float = 0.1,
                  close_timeout: float | None = 60.0, extra_backends: Iterable[Backend] = ()) -> None:
+        if not write_interval > 0:
+            raise MonitorConfigError(f"write_interval must be a positive number of seconds, got {write_interval}")
         if max_pending < 1:
             raise MonitorConfigError(f"max_pending must be at least 1 batch, got {max_pending}")
         self.rank = current_rank() if rank is None else rank
@@ -102,7 +107,7 @@ class MonitorMaster:
             self._close_backends()
             raise MonitorError(f"could not start the {key} monitor on rank {self.rank}: "
                                f"{type(exc).__name__}: {exc}") from exc
-        self._workers = tuple(BackendWorker(b, max_pending) for b in self.backends.values())
+        self._workers = tuple(BackendWorker(b, max_pending, write_interval) for b in self.backends.values())
         # Registered after the backends started: atexit runs hooks last-in first-out, so this
         # close runs before wandb's / comet's own exit hooks tear their runs down.
         atexit.register(_close_at_exit, weakref.ref(self))

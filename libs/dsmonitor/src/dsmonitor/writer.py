@@ -1,7 +1,9 @@
 """A background thread per backend, fed through a bounded queue.
 
-The caller's side (`submit`) is an append and a flag check, so training never waits on a disk or
-a network. One thread per backend means a backend that hangs or raises only loses its own events.
+The caller's side (`submit`) is a deque append, so training never waits on a disk or a network.
+The writer wakes every `interval` seconds rather than per event: waking a thread on every call
+cost the caller ~30 µs (the woken threads take the GIL), an append costs well under one. One
+thread per backend means a backend that hangs or raises only loses its own events.
 """
 
 import collections
@@ -23,9 +25,11 @@ def _as_float(value):
 class BackendWorker:
     """Runs one backend's writes on its own daemon thread."""
 
-    def __init__(self, backend: Backend, max_pending: int) -> None:
+    def __init__(self, backend: Backend, max_pending: int, interval: float = 0.1) -> None:
         self.backend = backend
         self.max_pending = max_pending
+        self.interval = interval
+        self._early_wake = max(1, max_pending // 2)  # a filling queue is drained without waiting
         self.dropped_events = 0
         self.failures = 0
         self.last_error: BaseException | None = None
@@ -45,7 +49,7 @@ class BackendWorker:
             self.dropped_events += len(events)
             return
         pending.append(events)  # deque.append is atomic: no lock on the hot path
-        if not self._wake.is_set():
+        if len(pending) >= self._early_wake and not self._wake.is_set():
             self._wake.set()
 
     def flush(self, timeout: float | None) -> bool:
@@ -71,8 +75,8 @@ class BackendWorker:
     def _run(self) -> None:
         pending = self._pending
         while True:
-            self._wake.wait()
-            # Cleared before draining: an append after this point sets the flag again.
+            self._wake.wait(self.interval)
+            # Cleared before draining: a flush/close marker appended after this sets it again.
             self._wake.clear()
             batch: list = []
             while pending:

@@ -27,6 +27,18 @@ def _sdpa_flops(query, key, value, *args, out_val=None, **kwargs) -> int:
 _sdpa_flops._get_raw = True  # FlopCounterMode then passes the tensors, not their shapes
 
 
+def _native_mha_flops(query, key, value, embed_dim, *args, out_val=None, **kwargs) -> int:
+    """nn.MultiheadAttention's inference fast path: projections, scores, mix, output projection."""
+    e = int(embed_dim)
+    batch = query.shape[0] if query.dim() == 3 else 1
+    n_q, n_k = query.numel() // e, key.numel() // e  # tokens, all batches
+    macs = n_q * e * e + 2 * n_k * e * e + 2 * batch * (n_q // batch) * (n_k // batch) * e + n_q * e * e
+    return 2 * macs
+
+
+_native_mha_flops._get_raw = True
+
+
 def _missing_formulas() -> dict:
     """Ops torch's registry leaves at zero although their flops are known."""
     aten = torch.ops.aten
@@ -34,6 +46,9 @@ def _missing_formulas() -> dict:
     # The fused CPU attention kernel: the same two matmuls as every other SDPA backend.
     if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu"):
         extra[aten._scaled_dot_product_flash_attention_for_cpu] = _sdpa_flops
+    # One fused op (no decomposition) that would otherwise count zero.
+    if hasattr(aten, "_native_multi_head_attention"):
+        extra[aten._native_multi_head_attention] = _native_mha_flops
     return extra
 
 
