@@ -1,0 +1,32 @@
+"""dsaio: DeepSpeed's DeepNVMe (`aio_handle`) and safe checkpoint files, installable alone.
+
+    h = dsaio.aio_handle(intra_op_parallelism=4)
+    h.async_pwrite(tensor, "/nvme/t.bin"); h.wait()
+    dsaio.save({"w": tensor}, "/nvme/ckpt.safetensors"); dsaio.load("/nvme/ckpt.safetensors")
+
+Needs numpy; torch is optional and never imported by `import dsaio`.
+"""
+
+from ._version import __version__
+from .checkpoint import CheckpointError, load, load_state_dict, load_with_metadata, save, save_state_dict
+from .engines import backends
+from .errors import AioError
+from .gds import gds_handle
+from .handle import aio_handle
+from .locked import free_cpu_locked_tensor, new_cpu_locked_tensor
+
+__all__ = [
+    "AioError",
+    "CheckpointError",
+    "__version__",
+    "aio_handle",
+    "backends",
+    "free_cpu_locked_tensor",
+    "gds_handle",
+    "load",
+    "load_state_dict",
+    "load_with_metadata",
+    "new_cpu_locked_tensor",
+    "save",
+    "save_state_dict",
+]

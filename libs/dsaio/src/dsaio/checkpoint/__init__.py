@@ -1,0 +1,7 @@
+"""Checkpoint files: safetensors-compatible, O_DIRECT-friendly, atomic, checksummed."""
+
+from .api import load, load_with_metadata, save
+from .format import CheckpointError
+from .state import load_state_dict, save_state_dict
+
+__all__ = ["CheckpointError", "load", "load_state_dict", "load_with_metadata", "save", "save_state_dict"]

@@ -1,0 +1,65 @@
+"""Reading a checkpoint file: check the header against the file, then one direct read of the data
+into one buffer, checksummed chunk by chunk while the next chunk is read."""
+
+from __future__ import annotations
+
+import os
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from .._buffers import aligned_empty
+from .._files import OpenFile, open_file
+from .._transfer import move
+from ..engines import get_engine
+from .format import CHUNK, CheckpointError, Entry, decode_header, header_length
+from .writer import TUNING
+
+
+def _read(f: OpenFile, engine, nbytes: int, offset: int) -> bytes:
+    buf = np.empty(nbytes, dtype=np.uint8)
+    move(engine, f, buf.ctypes.data, nbytes, offset, True, TUNING, "load")
+    return buf.tobytes()
+
+
+def read_file(path: str | os.PathLike, verify: bool = True, engine: str | None = None
+              ) -> tuple[list[Entry], dict[str, str], np.ndarray]:
+    """(entries, metadata, data) where data is one uint8 array holding every tensor's bytes."""
+    path = os.fspath(path)
+    eng = get_engine(engine)
+    f = open_file(path, is_read=True, operation="load")
+    try:
+        size = f.size_at_open
+        n = header_length(_read(f, eng, min(8, size), 0), path, size)
+        start = 8 + n
+        entries, metadata = decode_header(_read(f, eng, n, 8), path, size - start)
+        data_size = size - start
+        # Place the buffer so its address lines up with the file offset: then even a file whose
+        # data does not start on an alignment boundary (another writer's) is read directly.
+        a = max(f.align.memory, f.align.offset, 64)
+        raw = aligned_empty(data_size + a, a)
+        skip = start % a
+        data = raw[skip : skip + data_size]
+        crcs = metadata.get("dsaio.crc32") if verify else None
+        chunk = int(metadata.get("dsaio.chunk", CHUNK)) if crcs else max(data_size, 1)
+        if crcs is not None and len(crcs) != 8 * -(-data_size // chunk):
+            raise CheckpointError(path, f"corrupted header: {len(crcs) // 8} checksums for "
+                                        f"{data_size} bytes in chunks of {chunk}")
+        with ThreadPoolExecutor(1, thread_name_prefix="dsaio-load") as pool:
+            # Reads run one after another on the worker; checksums run here as each one lands.
+            futures = [pool.submit(move, eng, f, data.ctypes.data + lo, min(chunk, data_size - lo), start + lo,
+                                   True, TUNING, "load") for lo in range(0, data_size, chunk)]
+            for i, fut in enumerate(futures):
+                fut.result()
+                if crcs is not None:
+                    lo = i * chunk
+                    got = f"{zlib.crc32(data[lo : lo + chunk]):08x}"
+                    if got != crcs[8 * i : 8 * i + 8]:
+                        for later in futures[i + 1 :]:
+                            later.cancel()
+                        raise CheckpointError(path, f"corrupted: checksum mismatch in bytes {start + lo}.."
+                                                    f"{start + min(lo + chunk, data_size)} (chunk {i})")
+    finally:
+        f.close()
+    return entries, metadata, data
