@@ -1,0 +1,92 @@
+"""dscomm: torch.distributed with topologies, cached process groups, portable collectives and comms logging.
+
+    import dscomm
+    dscomm.init_distributed()                 # torchrun's environment, or a world of one
+    dscomm.all_reduce(tensor)                 # torch.distributed's signature, plus log_name / prof
+    dscomm.configure(enabled=True); ...; dscomm.log_summary()
+"""
+
+from . import groups
+from ._version import __version__
+from .backend import (
+    destroy,
+    get_backend,
+    get_local_rank,
+    get_rank,
+    get_timeout,
+    get_world_size,
+    init_distributed,
+    is_initialized,
+)
+from .collectives import (
+    CommHandle,
+    P2POp,
+    ReduceOp,
+    all_gather,
+    all_gather_into_tensor,
+    all_reduce,
+    all_to_all_single,
+    barrier,
+    batch_isend_irecv,
+    broadcast,
+    describe_group,
+    irecv,
+    isend,
+    recv,
+    reduce,
+    reduce_scatter_tensor,
+    send,
+)
+from .config_api import comms_logger_settings, configure, reset_comms_log
+from .errors import CommError
+from .summary import get_comms_log, log_summary
+from .topology import (
+    EXPERT_PARAM_GROUP_TAG,
+    PipeDataParallelTopology,
+    PipeModelDataParallelTopology,
+    ProcessTopology,
+    expert_group_name,
+    is_expert_param_group,
+)
+
+__all__ = [
+    "EXPERT_PARAM_GROUP_TAG",
+    "CommError",
+    "CommHandle",
+    "P2POp",
+    "PipeDataParallelTopology",
+    "PipeModelDataParallelTopology",
+    "ProcessTopology",
+    "ReduceOp",
+    "__version__",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_reduce",
+    "all_to_all_single",
+    "barrier",
+    "batch_isend_irecv",
+    "broadcast",
+    "comms_logger_settings",
+    "configure",
+    "describe_group",
+    "destroy",
+    "expert_group_name",
+    "get_backend",
+    "get_comms_log",
+    "get_local_rank",
+    "get_rank",
+    "get_timeout",
+    "get_world_size",
+    "groups",
+    "init_distributed",
+    "irecv",
+    "is_expert_param_group",
+    "is_initialized",
+    "isend",
+    "log_summary",
+    "recv",
+    "reduce",
+    "reduce_scatter_tensor",
+    "reset_comms_log",
+    "send",
+]

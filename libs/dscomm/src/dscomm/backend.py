@@ -1,0 +1,148 @@
+"""Starting torch.distributed the way jobs are launched: torchrun's environment, explicit ranks, or nothing.
+
+A plain `python train.py` becomes a world of one with no environment needed; calling
+`init_distributed` twice is harmless.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import warnings
+
+import torch
+import torch.distributed as dist
+
+from .errors import CommError
+
+log = logging.getLogger("dscomm")
+
+DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)
+_timeout: datetime.timedelta = DEFAULT_TIMEOUT
+
+
+def default_backend() -> str:
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def init_distributed(dist_backend: str | None = None, timeout: datetime.timedelta | None = None,
+                     init_method: str | None = None, rank: int = -1, world_size: int = -1, *,
+                     distributed_port: int = 29500, dist_init_required: bool | None = None,
+                     verbose: bool = True, auto_mpi_discovery: bool = True, config: object = None) -> None:
+    """Join (or create) the default process group.
+
+    Ranks come from the arguments, else from torchrun's RANK / WORLD_SIZE / LOCAL_RANK /
+    MASTER_ADDR / MASTER_PORT, else the process is a world of one. The backend is nccl when CUDA is
+    available and gloo otherwise. `auto_mpi_discovery`, `verbose` and `config` are accepted for
+    DeepSpeed compatibility.
+    """
+    global _timeout
+    if dist.is_initialized():
+        current = dist.get_backend()
+        if dist_backend is not None and dist_backend != current:
+            warnings.warn(f"init_distributed: already initialised with backend {current!r}; "
+                          f"ignoring dist_backend={dist_backend!r}", stacklevel=2)
+        return
+    if dist_init_required is False:
+        return
+    if timeout is not None and not isinstance(timeout, datetime.timedelta):
+        raise CommError(f"timeout must be a datetime.timedelta, not {type(timeout).__name__} ({timeout!r})")
+    _timeout = timeout or DEFAULT_TIMEOUT
+    backend = dist_backend or default_backend()
+    rank, world_size = _ranks(rank, world_size, init_method)
+
+    store = None
+    if init_method is None:
+        if world_size == 1 and "MASTER_ADDR" not in os.environ:
+            store = dist.HashStore()  # a world of one needs no rendezvous
+        else:
+            _require_rendezvous_env(rank, world_size, distributed_port)
+            init_method = "env://"
+    where = init_method or "an in-process store"
+    try:
+        dist.init_process_group(backend, init_method=init_method, timeout=_timeout, world_size=world_size,
+                                rank=rank, store=store)
+    except (RuntimeError, ValueError) as exc:
+        raise CommError(
+            f"rank {rank} of {world_size} could not join the process group (backend {backend}) at {where} within "
+            f"{_timeout}: {_first_line(exc)}. Did every rank start, with the same world size and address?") from exc
+    if backend == "nccl":
+        torch.cuda.set_device(get_local_rank())
+    if verbose and rank == 0:
+        log.info("dscomm: initialised %s with %d rank(s) via %s", backend, world_size, where)
+
+
+def _ranks(rank: int, world_size: int, init_method: str | None) -> tuple[int, int]:
+    env = os.environ
+    if rank < 0 and "RANK" in env:
+        rank = _env_int("RANK")
+    if world_size < 0 and "WORLD_SIZE" in env:
+        world_size = _env_int("WORLD_SIZE")
+    if rank < 0 and world_size < 0:
+        if init_method is not None and not init_method.startswith("env://"):
+            raise CommError(f"init_method {init_method!r} needs rank and world_size (or RANK and WORLD_SIZE)")
+        return 0, 1
+    if rank < 0 or world_size < 0:
+        missing = "rank (or RANK)" if rank < 0 else "world_size (or WORLD_SIZE)"
+        raise CommError(f"init_distributed: {missing} is not set while the other is; set both")
+    if not 0 <= rank < world_size:
+        raise CommError(f"init_distributed: rank {rank} is outside 0..{world_size - 1} (world_size {world_size})")
+    return rank, world_size
+
+
+def _require_rendezvous_env(rank: int, world_size: int, port: int) -> None:
+    if world_size == 1:
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(port))
+        return
+    missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if name not in os.environ]
+    if missing:
+        raise CommError(f"rank {rank} of {world_size}: {' and '.join(missing)} not set; launch with torchrun "
+                        f"(or dstrain), or pass init_method")
+
+
+def _env_int(name: str) -> int:
+    value = os.environ[name]
+    try:
+        return int(value)
+    except ValueError:
+        raise CommError(f"environment variable {name}={value!r} is not an integer") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def is_initialized() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def get_rank(group=None) -> int:
+    return dist.get_rank(group) if is_initialized() else 0
+
+
+def get_world_size(group=None) -> int:
+    return dist.get_world_size(group) if is_initialized() else 1
+
+
+def get_local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", 0))
+
+
+def get_backend(group=None) -> str:
+    return dist.get_backend(group) if is_initialized() else default_backend()
+
+
+def get_timeout() -> datetime.timedelta:
+    return _timeout
+
+
+def destroy() -> None:
+    """Leave the process group and forget every group dscomm created."""
+    from . import groups
+
+    groups.reset()
+    if is_initialized():
+        dist.destroy_process_group()

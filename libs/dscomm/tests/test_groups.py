@@ -1,0 +1,106 @@
+"""Groups of each topology, created collectively and cached, checked by reducing over them."""
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import dscomm
+from dscomm import PipeDataParallelTopology, PipeModelDataParallelTopology, groups
+from dscomm.testing import run_ranks
+
+
+def sum_over(group, rank):
+    t = torch.tensor([float(rank)])
+    dscomm.all_reduce(t, group=group)
+    return int(t.item())
+
+
+def pipe_data(rank, world):
+    topo = groups.initialize(PipeDataParallelTopology(num_pp=2, num_dp=2))
+    assert groups.initialize(PipeDataParallelTopology(num_pp=2, num_dp=2)) is topo  # same topology: harmless
+    coord = topo.get_coord(rank)
+    return {
+        "dp_ranks": groups.get_group_ranks(groups.get_data_parallel_group()),
+        "pp_ranks": groups.get_group_ranks(groups.get_pipeline_parallel_group()),
+        "dp_sum": sum_over(groups.get_data_parallel_group(), rank),
+        "pp_sum": sum_over(groups.get_pipeline_parallel_group(), rank),
+        "dp_rank": groups.get_data_parallel_rank(), "pp_rank": groups.get_pipeline_parallel_rank(),
+        "coord": (coord.pipe, coord.data),
+        "tp_size": groups.get_tensor_parallel_world_size(),
+    }
+
+
+def test_pipe_data_groups_at_world_4():
+    results = run_ranks(pipe_data, 4, timeout=60)
+    assert [r["dp_ranks"] for r in results] == [[0, 1], [0, 1], [2, 3], [2, 3]]
+    assert [r["pp_ranks"] for r in results] == [[0, 2], [1, 3], [0, 2], [1, 3]]
+    assert [r["dp_sum"] for r in results] == [1, 1, 5, 5]
+    assert [r["pp_sum"] for r in results] == [2, 4, 2, 4]
+    assert [(r["pp_rank"], r["dp_rank"]) for r in results] == [r["coord"] for r in results]
+    assert all(r["tp_size"] == 1 for r in results)
+
+
+def pipe_model_data(rank, world):
+    groups.initialize(PipeModelDataParallelTopology(num_pp=1, num_mp=2, num_dp=2))
+    return (groups.get_group_ranks(groups.get_tensor_parallel_group()),
+            groups.get_group_ranks(groups.get_data_parallel_group()),
+            sum_over(groups.get_model_parallel_group(), rank), groups.get_model_parallel_rank())
+
+
+def test_pipe_model_data_groups_at_world_4():
+    results = run_ranks(pipe_model_data, 4, timeout=60)
+    assert [r[0] for r in results] == [[0, 1], [0, 1], [2, 3], [2, 3]]
+    assert [r[1] for r in results] == [[0, 2], [1, 3], [0, 2], [1, 3]]
+    assert [r[2] for r in results] == [1, 1, 5, 5]
+    assert [r[3] for r in results] == [0, 1, 0, 1]
+
+
+def experts(rank, world, ep_size):
+    # No topology given: data parallel over the world.
+    ep, edp = groups.get_expert_parallel_group(ep_size), groups.get_expert_data_parallel_group(ep_size)
+    assert groups.get_expert_parallel_group(ep_size) is ep  # cached
+    assert groups.get_expert_parallel_group_name(ep_size) == f"ep_size_{ep_size}"
+    return (groups.get_group_ranks(ep), groups.get_group_ranks(edp), sum_over(ep, rank), sum_over(edp, rank),
+            groups.get_expert_parallel_rank(ep_size), groups.get_expert_data_parallel_world_size(ep_size))
+
+
+@pytest.mark.parametrize(("ep_size", "ep_lists", "edp_lists"), [
+    (2, [[0, 1], [0, 1], [2, 3], [2, 3]], [[0, 2], [1, 3], [0, 2], [1, 3]]),
+    (4, [[0, 1, 2, 3]] * 4, [[0], [1], [2], [3]]),
+    (1, [[0], [1], [2], [3]], [[0, 1, 2, 3]] * 4),
+])
+def test_expert_groups(ep_size, ep_lists, edp_lists):
+    results = run_ranks(experts, 4, ep_size, timeout=60)
+    assert [r[0] for r in results] == ep_lists and [r[1] for r in results] == edp_lists
+    assert [r[2] for r in results] == [sum(g) for g in ep_lists]
+    assert [r[5] for r in results] == [len(g) for g in edp_lists]
+
+
+def bad_groups(rank, world):
+    messages = []
+    for call in (lambda: groups.initialize(PipeDataParallelTopology(num_pp=3, num_dp=1)),
+                 lambda: groups.get_expert_parallel_group(3)):
+        try:
+            call()
+        except dscomm.CommError as exc:
+            messages.append(str(exc))
+    groups.initialize()
+    try:
+        groups.initialize(PipeDataParallelTopology(num_pp=2, num_dp=1))
+    except dscomm.CommError as exc:
+        messages.append(str(exc))
+    return messages
+
+
+def test_mismatched_topology_and_expert_size_are_named():
+    messages = run_ranks(bad_groups, 2, timeout=60)[0]
+    assert "= 3 ranks, but the world has 2" in messages[0]
+    assert "expert-parallel size 3 must divide the data-parallel size 2; valid: [1, 2]" in messages[1]
+    assert "already initialised" in messages[2]
+
+
+def test_groups_need_an_initialised_world():
+    if dist.is_initialized():
+        pytest.skip("a process group is already up in this process")
+    with pytest.raises(dscomm.CommError, match="init_distributed"):
+        groups.initialize()
