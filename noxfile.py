@@ -21,7 +21,9 @@ CONSTRAINTS = str(ROOT / "constraints.txt")  # pins torch==2.13.0 for every inst
 # The layering of DESIGN.md as data, lowest first. A library may depend only on those it lists
 # here; a new library is one line.
 LAYERS: dict[str, set[str]] = {
+    "dsaio": set(),
     "dsconfig": set(),
+    "dscomm": {"dsconfig"},
     "dsmonitor": {"dsconfig"},
 }
 

@@ -1,6 +1,7 @@
 """Starting the process group: a world of one with no environment, torchrun's environment, bad input."""
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -41,7 +42,8 @@ def test_torchrun_launch_path():
                           str(HERE / "torchrun_worker.py")], capture_output=True, text=True, timeout=180,
                          env=CLEAN_ENV)
     assert out.returncode == 0, out.stderr[-2000:]
-    lines = sorted(line for line in out.stdout.splitlines() if line.startswith("rank="))
+    # Both ranks share stdout, so their lines may interleave: find the reports, not the lines.
+    lines = sorted(re.findall(r"rank=\d world=\d local=\d sum=\d+ backend=\w+ env_rank=\d", out.stdout))
     assert lines == ["rank=0 world=2 local=0 sum=3 backend=gloo env_rank=0",
                      "rank=1 world=2 local=1 sum=3 backend=gloo env_rank=1"]
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pickle
 from collections import defaultdict
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from .bandwidth import bandwidths, size_str
@@ -53,8 +55,7 @@ def log_summary(show_straggler: bool = False, return_dict: bool = False) -> dict
     world = dist.get_world_size() if dist.is_initialized() else 1
     gathered = [local] * world
     if world > 1:
-        gathered = [None] * world
-        dist.all_gather_object(gathered, local)
+        gathered = _gather_objects(local, world)
     merged = _merge(gathered)
     stragglers = _stragglers(gathered) if show_straggler else {}
     rank = dist.get_rank() if dist.is_initialized() else 0
@@ -63,6 +64,19 @@ def log_summary(show_straggler: bool = False, return_dict: bool = False) -> dict
     if return_dict:
         return {"summary": merged, "straggler_analysis": stragglers, "metadata": {"world_size": world}}
     return None
+
+
+def _gather_objects(obj: Any, world: int) -> list[Any]:
+    """all_gather of picklable objects; unlike torch's all_gather_object it needs no numpy."""
+    payload = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
+    dist.all_gather(sizes, torch.tensor([payload.numel()], dtype=torch.int64))
+    longest = max(int(s.item()) for s in sizes)
+    padded = torch.zeros(longest, dtype=torch.uint8)
+    padded[: payload.numel()] = payload
+    buffers = [torch.empty(longest, dtype=torch.uint8) for _ in range(world)]
+    dist.all_gather(buffers, padded)
+    return [pickle.loads(bytes(buf[: int(size.item())].tolist())) for buf, size in zip(buffers, sizes)]
 
 
 def _merge(per_rank: list[dict]) -> dict:
