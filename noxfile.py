@@ -22,7 +22,6 @@ CONSTRAINTS = str(ROOT / "constraints.txt")  # pins torch==2.13.0 for every inst
 # here; a new library is one line.
 LAYERS: dict[str, set[str]] = {
     "dsaio": set(),
-    "dsaio": set(),
     "dsconfig": set(),
     "dscomm": {"dsconfig"},
     "dsmonitor": {"dsconfig"},
