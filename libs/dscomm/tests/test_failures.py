@@ -11,6 +11,7 @@ from dscomm.testing import RankFailure, run_ranks
 
 
 def one_rank_exits(rank, world):
+    dscomm.barrier()  # every connection is up: the failure below is the death, not a half-made mesh
     if rank == world - 1:
         os._exit(0)  # dies without a word
     start = time.monotonic()
