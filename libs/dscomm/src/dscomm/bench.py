@@ -94,21 +94,26 @@ def run(args: argparse.Namespace) -> list[dict]:
                         dscomm.configure(enabled=False)
             dscomm.reset_comms_log()
             medians = {k: statistics.median(v) for k, v in samples.items() if v}
-            # Every rank must agree on the figures: take the slowest rank's median.
-            agreed = torch.tensor([medians["raw"], medians["dscomm"], medians.get("logged", 0.0)], dtype=torch.float64)
+            # Overheads are medians of per-trial ratios: each pair ran back to back, so drift cancels.
+            paired = statistics.median(d / r for d, r in zip(samples["dscomm"], samples["raw"]))
+            paired_log = statistics.median(g / r for g, r in zip(samples["logged"], samples["raw"])) if args.log else 1.0
+            # Every rank must agree on the figures: take the slowest rank's.
+            agreed = torch.tensor([medians["raw"], medians["dscomm"], medians.get("logged", 0.0), paired, paired_log],
+                                  dtype=torch.float64)
             dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
-            raw_s, ds_s, logged_s = agreed.tolist()
+            raw_s, ds_s, logged_s, paired, paired_log = agreed.tolist()
             algbw, busbw = bandwidths(_DSCOMM_OP[op], size, ds_s * 1e3, world)
             rows.append({"op": op, "size": size, "size_str": size_str(size), "raw_ms": raw_s * 1e3,
                          "dscomm_ms": ds_s * 1e3, "logged_ms": logged_s * 1e3 if args.log else None,
-                         "algbw_GBps": algbw, "busbw_GBps": busbw, "overhead": ds_s / raw_s - 1,
-                         "log_overhead": (logged_s / raw_s - 1) if args.log else None})
+                         "algbw_GBps": algbw, "busbw_GBps": busbw, "overhead": paired - 1,
+                         "log_overhead": (paired_log - 1) if args.log else None})
         size *= args.step
     return rows
 
 
 def format_rows(rows: list[dict], world: int, backend: str) -> str:
-    lines = [f"dscomm-bench: {world} ranks, backend {backend}; medians; overhead = dscomm / raw - 1",
+    lines = [f"dscomm-bench: {world} ranks, backend {backend}; median latencies; overhead = median of "
+             f"per-trial dscomm / raw - 1",
              f"{'op':<15}{'size':>10}{'raw ms':>11}{'dscomm ms':>11}{'algbw GB/s':>12}{'busbw GB/s':>12}"
              f"{'overhead':>10}{'logged':>10}"]
     for row in rows:
@@ -124,10 +129,50 @@ def format_rows(rows: list[dict], world: int, backend: str) -> str:
     return "\n".join(lines)
 
 
+def wrapper_cost_us(calls: int = 20000) -> tuple[float, float]:
+    """Per-call cost (µs) of dscomm.all_reduce beyond dist.all_reduce, logging off and on.
+
+    Measured in a world of one, where there is no communication to add noise: what remains is the
+    Python cost of the wrapper, which a large message amortises.
+    """
+    import dscomm
+
+    dscomm.init_distributed()
+    t = torch.ones(4)
+    results = []
+    for logged in (False, True):
+        dscomm.configure(enabled=logged)
+        best = []
+        for _ in range(5):
+            start = time.perf_counter()
+            for _ in range(calls):
+                dist.all_reduce(t)
+            raw = time.perf_counter() - start
+            start = time.perf_counter()
+            for _ in range(calls):
+                dscomm.all_reduce(t)
+            best.append((time.perf_counter() - start - raw) / calls * 1e6)
+        results.append(statistics.median(best))
+    dscomm.configure(enabled=False)
+    dscomm.reset_comms_log()
+    dscomm.destroy()
+    return results[0], results[1]
+
+
 def _rank_main(rank: int, world: int, args: argparse.Namespace) -> str | None:
     torch.set_num_threads(1)  # ranks share the machine's cores
     rows = run(args)
-    return format_rows(rows, world, dist.get_backend()) if rank == 0 else None
+    return (format_rows(rows, world, dist.get_backend()), rows) if rank == 0 else None
+
+
+def _cost_lines(rows: list[dict], cost: tuple[float, float]) -> str:
+    lines = [f"dscomm.all_reduce cost beyond dist.all_reduce, per call (world of one): {cost[0]:.1f} µs "
+             f"(logging off), {cost[1]:.1f} µs (logging on)"]
+    for row in rows:
+        if row["op"] == "all_reduce" and row["size"] >= 1 << 20:
+            lines.append(f"  = {cost[0] / (row['raw_ms'] * 1e3):.2%} / {cost[1] / (row['raw_ms'] * 1e3):.2%} "
+                         f"of a {row['size_str']} all_reduce ({row['raw_ms']:.3f} ms)")
+    return "\n".join(lines)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -141,6 +186,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--dtype", default="float32")
     p.add_argument("--log", action="store_true", help="also time dscomm with the comms logger on")
+    p.add_argument("--wrapper-calls", type=int, default=0,
+                   help="also measure dscomm's per-call cost over this many tiny all_reduces")
     return p
 
 
@@ -154,14 +201,16 @@ def main(argv: list[str] | None = None) -> int:
 
         dscomm.init_distributed()
         out = _rank_main(dscomm.get_rank(), dscomm.get_world_size(), args)
-        if out:
-            print(out, flush=True)
         dscomm.destroy()
-        return 0
-    from dscomm.testing import run_ranks
+    else:
+        from dscomm.testing import run_ranks
 
-    results = run_ranks(_rank_main, args.world_size, args, timeout=24 * 3600)
-    print(results[0], flush=True)
+        out = run_ranks(_rank_main, args.world_size, args, timeout=24 * 3600)[0]
+    if out:
+        text, rows = out
+        if args.wrapper_calls and "RANK" not in os.environ:  # under a launcher there is no world of one
+            text += "\n" + _cost_lines(rows, wrapper_cost_us(args.wrapper_calls))
+        print(text, flush=True)
     return 0
 
 

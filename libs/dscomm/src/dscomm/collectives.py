@@ -91,8 +91,15 @@ def _run(op: str, *, tensor: torch.Tensor | None, nbytes: int, group: Any, async
 
 
 def _native_or_emulated(op, tensor, group, native, emulated):
-    if emulated is None or tensor is None:
-        return native()
+    if emulated is None or tensor is None or not emulation.any_emulated():
+        try:
+            return native()
+        except (RuntimeError, NotImplementedError, ValueError) as exc:
+            if emulated is None or tensor is None or not emulation.is_unsupported_error(exc):
+                raise
+            emulation.remember_missing(dist.get_backend(group), op, tensor.dtype, exc)
+            emulated()
+            return None
     backend = dist.get_backend(group)
     if emulation.should_emulate(backend, op, tensor.dtype):
         emulated()

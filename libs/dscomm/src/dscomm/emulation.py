@@ -30,6 +30,11 @@ def is_unsupported_error(exc: BaseException) -> bool:
     return isinstance(exc, (RuntimeError, NotImplementedError, ValueError)) and bool(_UNSUPPORTED.search(str(exc)))
 
 
+def any_emulated() -> bool:
+    """False on the common path (nothing refused, nothing forced): no per-call lookups needed."""
+    return bool(_known_missing or _forced)
+
+
 def should_emulate(backend: str, op: str, dtype: torch.dtype) -> bool:
     return op in _forced or (backend, op, str(dtype)) in _known_missing
 
