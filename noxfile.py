@@ -27,7 +27,13 @@ LAYERS: dict[str, set[str]] = {
     "dsmonitor": {"dsconfig"},
 }
 
-nox.options.sessions = [*LAYERS, "lint"]
+# A library tested a second time with another extra: session name -> (library, extra, modules that
+# must NOT be importable in that environment).
+VARIANTS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "dsaio-notorch": ("dsaio", "test-notorch", ("torch",)),  # dsaio is installed alone, without torch
+}
+
+nox.options.sessions = [*LAYERS, *VARIANTS, "lint"]
 nox.options.reuse_existing_virtualenvs = False
 nox.options.error_on_missing_interpreters = True
 
@@ -57,23 +63,28 @@ def _closure(lib: str) -> list[str]:
     return sorted(seen, key=list(LAYERS).index)
 
 
-def _run_library_tests(session: nox.Session, lib: str) -> None:
+def _run_library_tests(session: nox.Session, lib: str, extra: str = "test", absent: tuple[str, ...] = ()) -> None:
     local = [str(_project_dir(dep)) for dep in _closure(lib)]
     # One pip call so sibling requirements resolve to the local checkouts, never to PyPI.
-    session.install("-c", CONSTRAINTS, *local, f"{_project_dir(lib)}[test]")
+    session.install("-c", CONSTRAINTS, *local, f"{_project_dir(lib)}[{extra}]")
+    for module in absent:  # the variant is only meaningful if the module really is missing
+        session.run("python", "-c", f"import importlib.util, sys; sys.exit(importlib.util.find_spec({module!r}) "
+                                    f"is not None and '{module} is installed but must not be')")
     session.run("pytest", str(_project_dir(lib) / "tests"), *session.posargs)
 
 
-def _library_session(lib: str):
+def _library_session(lib: str, extra: str = "test", absent: tuple[str, ...] = ()):
     def session_func(session: nox.Session) -> None:
-        _run_library_tests(session, lib)
+        _run_library_tests(session, lib, extra, absent)
 
-    session_func.__doc__ = f"Install {lib} alone with its declared closure and run its tests."
+    session_func.__doc__ = f"Install {lib}[{extra}] alone with its declared closure and run its tests."
     return session_func
 
 
 for _lib in LAYERS:
     nox.session(name=_lib)(_library_session(_lib))
+for _name, (_lib, _extra, _absent) in VARIANTS.items():
+    nox.session(name=_name)(_library_session(_lib, _extra, _absent))
 
 
 @nox.session
