@@ -1,0 +1,230 @@
+"""CPU Adam/AdamW: one fused, vectorised, multithreaded pass per tensor (ZeRO's CPU-offload step).
+
+The native kernel (``dszero._cpu_adam``, built by setup.py when a C++ compiler is there) does the
+work; torch tensors reach it as data pointers after the checks here. Without it, a
+``torch._foreach_*`` implementation of the same arithmetic runs, announced once with a warning.
+``DSZERO_NO_NATIVE=1`` in the environment (read at every step) forces that fallback.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Iterable, Sequence
+
+import torch
+
+from ..errors import ZeroConfigError
+
+# Dtype codes shared with csrc/cpu_adam.cpp.
+_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+_NO_COPY = 3
+_STATE_DTYPES = (torch.float32, torch.bfloat16)
+_COPY_DTYPES = (torch.bfloat16, torch.float16)
+
+_native = None  # the extension module once imported; False when it could not be
+_native_problem = ""
+_fallback_announced = False
+
+
+def _load_native():
+    global _native, _native_problem
+    if _native is None:
+        try:
+            from .. import _cpu_adam
+        except ImportError as exc:
+            _native, _native_problem = False, f"the native CPU Adam kernel is not built ({exc})"
+        else:
+            _native = _cpu_adam
+    return _native or None
+
+
+def native_available() -> bool:
+    """Whether the compiled kernel is importable (independently of DSZERO_NO_NATIVE)."""
+    return _load_native() is not None
+
+
+def _kernel():
+    """The native module, or None when the torch fallback must run."""
+    if os.environ.get("DSZERO_NO_NATIVE") == "1":
+        return None  # asked for: no warning
+    native = _load_native()
+    if native is None:
+        global _fallback_announced
+        if not _fallback_announced:
+            _fallback_announced = True
+            warnings.warn(f"dszero: {_native_problem}; CPUAdam uses torch._foreach_* ops, which are slower. "
+                          "Reinstall dszero with a C++17 compiler and pybind11 available to build it.",
+                          RuntimeWarning, stacklevel=3)
+    return native
+
+
+def _describe(t: torch.Tensor) -> str:
+    return f"dtype={t.dtype}, device={t.device}, shape={tuple(t.shape)}"
+
+
+def _check(name: str, t, dtypes: Sequence[torch.dtype], numel: int | None) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise ZeroConfigError(f"cpu_adam_step: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.device.type != "cpu":
+        raise ZeroConfigError(f"cpu_adam_step: {name} is on {t.device} ({_describe(t)}); CPU Adam updates "
+                              "CPU tensors only (move it with .cpu(), or use a device optimizer)")
+    if t.layout != torch.strided:
+        raise ZeroConfigError(f"cpu_adam_step: {name} has layout {t.layout} ({_describe(t)}); "
+                              "only dense (torch.strided) tensors are valid")
+    if t.dtype not in dtypes:
+        valid = " or ".join(str(d) for d in dtypes)
+        raise ZeroConfigError(f"cpu_adam_step: {name} has dtype {t.dtype} ({_describe(t)}); valid: {valid}")
+    if not t.is_contiguous():
+        raise ZeroConfigError(f"cpu_adam_step: {name} is not contiguous ({_describe(t)}, "
+                              f"stride={t.stride()}); pass {name}.contiguous() or a flat buffer")
+    if numel is not None and t.numel() != numel:
+        raise ZeroConfigError(f"cpu_adam_step: {name} has {t.numel()} elements ({_describe(t)}) but param has "
+                              f"{numel}; every tensor of one step must have the same number of elements")
+
+
+def cpu_adam_step(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
+                  step: int, lr: float, beta1: float, beta2: float, eps: float, weight_decay: float = 0.0,
+                  adamw_mode: bool = True, bias_correction: bool = True,
+                  low_precision_copy: torch.Tensor | None = None) -> None:
+    """One Adam/AdamW step in place on contiguous CPU tensors of equal element count (flat buffers).
+
+    param is float32; grad, exp_avg and exp_avg_sq are float32 or bfloat16 (the two moments share a
+    dtype); step counts this step (1 on the first). low_precision_copy, if given (bfloat16 or
+    float16), receives the updated param cast to its dtype in the same pass.
+    """
+    _check("param", param, (torch.float32,), None)
+    n = param.numel()
+    _check("grad", grad, _STATE_DTYPES, n)
+    _check("exp_avg", exp_avg, _STATE_DTYPES, n)
+    _check("exp_avg_sq", exp_avg_sq, (exp_avg.dtype,), n)
+    if low_precision_copy is not None:
+        _check("low_precision_copy", low_precision_copy, _COPY_DTYPES, n)
+    if int(step) < 1:
+        raise ZeroConfigError(f"cpu_adam_step: step={step}; it counts the step being taken, so it is >= 1")
+    kernel = _kernel()
+    if kernel is None:
+        _foreach_adam([param], [grad], [exp_avg], [exp_avg_sq], [int(step)], lr, beta1, beta2, eps,
+                      weight_decay, adamw_mode, bias_correction, [low_precision_copy])
+        return
+    kernel.adam_step(param.data_ptr(), grad.data_ptr(), _CODES[grad.dtype], exp_avg.data_ptr(),
+                     exp_avg_sq.data_ptr(), _CODES[exp_avg.dtype],
+                     0 if low_precision_copy is None else low_precision_copy.data_ptr(),
+                     _NO_COPY if low_precision_copy is None else _CODES[low_precision_copy.dtype],
+                     n, int(step), float(lr), float(beta1), float(beta2), float(eps), float(weight_decay),
+                     bool(adamw_mode), bool(bias_correction), torch.get_num_threads())
+
+
+def _foreach_adam(params: list[torch.Tensor], grads: list[torch.Tensor], exp_avgs: list[torch.Tensor],
+                  exp_avg_sqs: list[torch.Tensor], steps: list[int], lr: float, beta1: float, beta2: float,
+                  eps: float, weight_decay: float, adamw_mode: bool, bias_correction: bool,
+                  low_copies: list[torch.Tensor | None]) -> None:
+    """The native kernel's arithmetic, op for op, with torch._foreach_* (the fallback path)."""
+    # 16-bit grads and moments are computed in float32 and rounded once when stored, as the kernel does.
+    grads = [g.float() for g in grads]
+    avgs = [m.float() for m in exp_avgs]
+    avg_sqs = [v.float() for v in exp_avg_sqs]
+    if weight_decay != 0.0:
+        if adamw_mode:
+            torch._foreach_mul_(params, 1.0 - lr * weight_decay)
+        else:
+            grads = torch._foreach_add(grads, params, alpha=weight_decay)
+    torch._foreach_lerp_(avgs, grads, 1.0 - beta1)
+    torch._foreach_mul_(avg_sqs, beta2)
+    torch._foreach_addcmul_(avg_sqs, grads, grads, 1.0 - beta2)
+    bc1 = [1.0 - beta1**s if bias_correction else 1.0 for s in steps]
+    bc2_sqrt = [(1.0 - beta2**s) ** 0.5 if bias_correction else 1.0 for s in steps]
+    denoms = torch._foreach_sqrt(avg_sqs)
+    torch._foreach_div_(denoms, bc2_sqrt)
+    torch._foreach_add_(denoms, eps)
+    torch._foreach_addcdiv_(params, avgs, denoms, [-lr / b for b in bc1])
+    for stored, computed in (*zip(exp_avgs, avgs), *zip(exp_avg_sqs, avg_sqs)):
+        if stored is not computed:
+            stored.copy_(computed)
+    for low, param in zip(low_copies, params):
+        if low is not None:
+            low.copy_(param)
+
+
+class CPUAdam(torch.optim.Optimizer):
+    """Adam/AdamW on float32 CPU parameters with the fused native kernel (DeepSpeed's DeepSpeedCPUAdam).
+
+    adamw_mode=True (the default) decays weights decoupled from the gradient, as torch.optim.AdamW;
+    False adds weight_decay * param to the gradient, as torch.optim.Adam. The state layout (step,
+    exp_avg, exp_avg_sq) is torch.optim.Adam's, so state dicts move between the two.
+    """
+
+    def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 0.0, amsgrad: bool = False, adamw_mode: bool = True,
+                 bias_correction: bool = True):
+        if amsgrad:
+            raise ZeroConfigError("CPUAdam: amsgrad=True is not supported (nor is it by DeepSpeed's CPU Adam); "
+                                  "use amsgrad=False, or torch.optim.Adam(amsgrad=True) without the fused kernel")
+        problems = []
+        if not lr >= 0.0:
+            problems.append(f"lr={lr} (valid: >= 0)")
+        if not eps >= 0.0:
+            problems.append(f"eps={eps} (valid: >= 0)")
+        if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
+            problems.append(f"betas={betas} (valid: two numbers in [0, 1))")
+        if not weight_decay >= 0.0:
+            problems.append(f"weight_decay={weight_decay} (valid: >= 0)")
+        if problems:
+            raise ZeroConfigError("CPUAdam: invalid " + "; ".join(problems))
+        defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay, "amsgrad": False,
+                    "adamw_mode": adamw_mode, "bias_correction": bias_correction}
+        super().__init__(params, defaults)
+
+    def add_param_group(self, param_group: dict) -> None:
+        super().add_param_group(param_group)
+        index = len(self.param_groups) - 1
+        for i, p in enumerate(self.param_groups[-1]["params"]):
+            if p.device.type != "cpu" or p.dtype != torch.float32:
+                raise ZeroConfigError(f"CPUAdam: param_groups[{index}]['params'][{i}] has {_describe(p)}; "
+                                      "CPUAdam updates float32 CPU parameters only (ZeRO's offloaded master "
+                                      "weights); for device parameters use a device optimizer")
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        kernel = _kernel()
+        threads = torch.get_num_threads()
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            lr, eps, weight_decay = group["lr"], group["eps"], group["weight_decay"]
+            adamw_mode = group.get("adamw_mode", self.defaults["adamw_mode"])
+            bias_correction = group.get("bias_correction", self.defaults["bias_correction"])
+            rest: tuple[list, list, list, list, list] = ([], [], [], [], [])  # for the foreach path
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if p.grad.is_sparse:
+                    raise ZeroConfigError("CPUAdam: sparse gradients are not supported; use torch.optim.SparseAdam")
+                state = self.state[p]
+                if not state:
+                    # torch.optim.Adam's layout, so state dicts load into either optimizer.
+                    state["step"] = torch.zeros((), dtype=torch.float32)
+                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                elif not torch.is_tensor(state["step"]):
+                    state["step"] = torch.tensor(float(state["step"]), dtype=torch.float32)
+                state["step"] += 1
+                step = int(state["step"].item())
+                exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+                native_ok = (kernel is not None and p.is_contiguous() and exp_avg.is_contiguous()
+                             and exp_avg_sq.is_contiguous())
+                if native_ok:
+                    grad = p.grad if p.grad.is_contiguous() else p.grad.contiguous()
+                    kernel.adam_step(p.data_ptr(), grad.data_ptr(), 0, exp_avg.data_ptr(), exp_avg_sq.data_ptr(),
+                                     0, 0, _NO_COPY, p.numel(), step, lr, beta1, beta2, eps, weight_decay,
+                                     adamw_mode, bias_correction, threads)
+                else:  # no kernel, or a strided param (channels_last...) the flat kernel cannot walk
+                    for items, item in zip(rest, (p, p.grad, exp_avg, exp_avg_sq, step)):
+                        items.append(item)
+            if rest[0]:
+                _foreach_adam(*rest, lr, beta1, beta2, eps, weight_decay, adamw_mode, bias_correction,
+                              [None] * len(rest[0]))
+        return loss
