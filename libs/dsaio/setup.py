@@ -16,7 +16,7 @@ try:
 except ImportError:  # no pybind11 in the build env: install the pure-Python package only
     Pybind11Extension = None
 
-SOURCES = ["drive.cpp", "linux_aio.cpp", "io_uring.cpp", "threads.cpp", "module.cpp"]
+SOURCES = ["drive.cpp", "linux_aio.cpp", "io_uring.cpp", "threads.cpp", "crc32.cpp", "module.cpp"]
 
 
 class OptionalBuildExt(build_ext):

@@ -65,4 +65,7 @@ int64_t threads_transfer(const Range& r, const Tuning& t);
 bool aio_probe(std::string& why);
 bool uring_probe(std::string& why);
 
+// zlib-compatible CRC-32 of n bytes, continuing from `crc` (0 to start), as zlib.crc32(data, crc).
+uint32_t crc32(uint32_t crc, const char* data, uint64_t n);
+
 }  // namespace dsaio

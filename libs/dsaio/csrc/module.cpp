@@ -29,6 +29,11 @@ int64_t transfer(const std::string& engine, int fd, uintptr_t addr, uint64_t nby
   return fn(r, t);
 }
 
+uint32_t crc32(uintptr_t addr, uint64_t nbytes, uint32_t crc) {
+  py::gil_scoped_release release;  // checksums run on worker threads beside the writes
+  return dsaio::crc32(crc, reinterpret_cast<const char*>(addr), nbytes);
+}
+
 py::tuple probe(const std::string& engine) {
   std::string why;
   bool ok = true;
@@ -46,5 +51,7 @@ PYBIND11_MODULE(_native, m) {
         py::arg("offset"), py::arg("is_read"), py::arg("block_size"), py::arg("queue_depth"),
         py::arg("single_submit"), py::arg("overlap_events"),
         "Move an aligned range; returns bytes moved (short only at end of file) or -errno.");
+  m.def("crc32", &crc32, py::arg("addr"), py::arg("nbytes"), py::arg("crc") = 0,
+        "zlib.crc32 of the bytes at addr, several times faster where the CPU has PCLMULQDQ.");
   m.def("probe", &probe, py::arg("engine"), "(works, why_not) for one engine on this machine.");
 }

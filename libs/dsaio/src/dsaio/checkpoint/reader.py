@@ -4,7 +4,6 @@ into one buffer, checksummed chunk by chunk while the next chunk is read."""
 from __future__ import annotations
 
 import os
-import zlib
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -13,8 +12,9 @@ from .._buffers import aligned_empty
 from .._files import OpenFile, open_file
 from .._transfer import move
 from ..engines import get_engine
+from .checksum import crc32_at
 from .format import CHUNK, CheckpointError, Entry, decode_header, header_length
-from .writer import TUNING
+from .stream import TUNING
 
 
 def _read(f: OpenFile, engine, nbytes: int, offset: int) -> bytes:
@@ -54,7 +54,7 @@ def read_file(path: str | os.PathLike, verify: bool = True, engine: str | None =
                 fut.result()
                 if crcs is not None:
                     lo = i * chunk
-                    got = f"{zlib.crc32(data[lo : lo + chunk]):08x}"
+                    got = f"{crc32_at(data.ctypes.data + lo, min(chunk, data_size - lo)):08x}"
                     if got != crcs[8 * i : 8 * i + 8]:
                         for later in futures[i + 1 :]:
                             later.cancel()

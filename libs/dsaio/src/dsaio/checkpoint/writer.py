@@ -1,28 +1,25 @@
-"""Writing a checkpoint file atomically, streaming through aligned buffers with O_DIRECT.
+"""Writing a checkpoint file atomically.
 
-Data goes out in CHUNK-sized pieces: the calling thread copies tensors into one aligned buffer
-and checksums it while a worker thread writes the previous buffer. The header, which holds the
-checksums, goes last. Then: fsync the file, rename it over the target, fsync the directory. A
-crash at any point before the rename leaves the previous file as it was.
+The data region streams out with O_DIRECT (see stream.py) while worker threads checksum the same
+bytes (see checksum.py). The header, which holds the checksums, goes last. Then: fsync the file,
+rename it over the target, fsync the directory. A crash at any point before the rename leaves
+the previous file as it was.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import os
 import secrets
-import zlib
-from concurrent.futures import Future, ThreadPoolExecutor
 
 from .._buffers import aligned_empty
 from .._files import OpenFile, open_file, writing
 from .._transfer import move
-from ..engines import Tuning, get_engine
+from ..engines import get_engine
+from .checksum import Checksums
 from .format import CHUNK, Entry, encode_header, index_crc
-
-TUNING = Tuning(block_size=1 << 20, queue_depth=8, single_submit=False, overlap_events=True)
+from .stream import TUNING, DataStream
 
 
 def _temp_name(path: str) -> str:
@@ -36,54 +33,6 @@ def _fsync_dir(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-class _Stream:
-    """Copies (address, nbytes) pieces into aligned chunks and writes each chunk as it fills."""
-
-    def __init__(self, f: OpenFile, start: int, engine_name: str | None, state) -> None:
-        self.f, self.pos, self.state = f, start, state
-        self.engine = get_engine(engine_name)
-        self.buffers = [aligned_empty(CHUNK, max(f.align.memory, 4096)) for _ in range(2)]
-        self.pending: list[Future | None] = [None, None]
-        self.current, self.fill = 0, 0
-        self.crcs: list[str] = []
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="dsaio-save")
-
-    def add(self, addr: int, nbytes: int) -> None:
-        done = 0
-        while done < nbytes:
-            buf = self.buffers[self.current]
-            n = min(nbytes - done, CHUNK - self.fill)
-            ctypes.memmove(buf.ctypes.data + self.fill, addr + done, n)
-            self.fill += n
-            done += n
-            if self.fill == CHUNK:
-                self.flush()
-
-    def flush(self) -> None:
-        if self.fill == 0:
-            return
-        i, n = self.current, self.fill
-        buf = self.buffers[i]
-        self.crcs.append(f"{zlib.crc32(buf[:n]):08x}")  # while the other buffer is being written
-        self.pending[i] = self.pool.submit(move, self.engine, self.f, buf.ctypes.data, n, self.pos, False,
-                                           TUNING, "save", None, self.state)
-        self.pos += n
-        self.current, self.fill = 1 - i, 0
-        waiting = self.pending[self.current]
-        if waiting is not None:
-            waiting.result()  # the buffer we fill next must be on disk first
-            self.pending[self.current] = None
-
-    def close(self) -> None:
-        try:
-            self.flush()
-            for fut in self.pending:
-                if fut is not None:
-                    fut.result()
-        finally:
-            self.pool.shutdown(wait=True)
 
 
 def write_atomic(path: str, pieces: list[tuple[Entry, int]], metadata: dict[str, str], framework: str,
@@ -100,19 +49,18 @@ def write_atomic(path: str, pieces: list[tuple[Entry, int]], metadata: dict[str,
     f = open_file(tmp, is_read=False, operation="save")
     try:
         _preallocate(f, start + data_size)
-        with writing(f, start + data_size) as state:
-            stream = _Stream(f, start, engine, state)
-            try:
-                for entry, addr in pieces:
-                    stream.add(addr, entry.end - entry.begin)
-            finally:
-                stream.close()
-            meta["dsaio.crc32"] = "".join(stream.crcs)
+        runs = [(addr, e.end - e.begin) for e, addr in pieces]
+        eng = get_engine(engine)
+        with writing(f, start + data_size) as state, Checksums(runs, CHUNK) as sums:
+            with DataStream(f, start, eng, state) as stream:
+                for addr, nbytes in runs:
+                    stream.write(addr, nbytes)
+            meta["dsaio.crc32"] = "".join(sums.result())
             header = encode_header(entries, meta)
             assert len(header) == start
             staged = aligned_empty(len(header), max(f.align.memory, 4096))
             staged[:] = memoryview(header)
-            move(stream.engine, f, staged.ctypes.data, len(header), 0, False, TUNING, "save", None, state)
+            move(eng, f, staged.ctypes.data, len(header), 0, False, TUNING, "save", None, state)
         os.fsync(f.fd)
     except BaseException:
         f.close()
