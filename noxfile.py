@@ -25,6 +25,7 @@ LAYERS: dict[str, set[str]] = {
     "dsconfig": set(),
     "dscomm": {"dsconfig"},
     "dsmonitor": {"dsconfig"},
+    "dszero": {"dsconfig", "dscomm", "dsaio"},
 }
 
 # A library tested a second time with another extra: session name -> (library, extra, modules that

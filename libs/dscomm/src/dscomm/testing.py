@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+import pickle
 import queue
 import tempfile
 import time
@@ -32,6 +33,11 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: floa
     pg_timeout is the process group's own timeout (seconds; default `timeout`). Ranks in
     `allow_missing` may exit without a result (tests of failures); their result is None.
     """
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        raise RankFailure("torch.distributed is already initialised in this process: forked ranks would inherit "
+                          "its process group instead of joining a new one; initialise only inside the ranks")
     ctx = mp.get_context("fork")
     results = ctx.Queue()
     with tempfile.TemporaryDirectory(prefix="dscomm-ranks-") as tmp:
@@ -72,17 +78,23 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: floa
     hung = [r for r in range(world_size) if r not in collected and r not in allow_missing]
     if hung:
         raise RankFailure(f"rank(s) {hung} of {world_size} did not finish within {timeout} s")
-    return [collected[r][1] if r in collected else None for r in range(world_size)]
+    return [pickle.loads(collected[r][1]) if r in collected else None for r in range(world_size)]
 
 
 def _rank_main(fn, rank, world_size, init_file, backend, pg_timeout, results, args, kwargs):
+    import torch
+
     import dscomm
+
+    torch.set_num_threads(1)  # ranks share the machine's cores; more threads only contend
 
     try:
         dscomm.init_distributed(dist_backend=backend, init_method=f"file://{init_file}", rank=rank,
                                 world_size=world_size, timeout=datetime.timedelta(seconds=pg_timeout))
         value = fn(rank, world_size, *args, **kwargs)
-        results.put((rank, "ok", value))
+        # Plain pickle bytes: torch's queue would pass tensors as shared memory, which breaks once
+        # this process exits before the parent has read them.
+        results.put((rank, "ok", pickle.dumps(value)))
     except BaseException:
         results.put((rank, "error", traceback.format_exc()))
     finally:

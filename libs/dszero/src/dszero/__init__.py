@@ -1,0 +1,27 @@
+"""dszero: ZeRO for any torch module and optimizer: partitioned optimizer state (stage 1), gradients
+(stage 2), mixed precision with loss scaling, and checkpoints that load at any world size.
+
+    zero = dszero.ZeroOptimizer(model, torch.optim.AdamW(model.parameters()), dsconfig.ZeroConfig(stage=2))
+"""
+
+from ._version import __version__
+from .checkpoint import convert_zero_checkpoint_to_fp32_state_dict, get_fp32_state_dict_from_zero_checkpoint
+from .errors import CheckpointError, ZeroConfigError, ZeroError
+from .layout import GroupLayout, Slot
+from .optimizer import ZeroOptimizer
+from .precision import DynamicLossScaler, LossScaler, Precision
+
+__all__ = [
+    "CheckpointError",
+    "DynamicLossScaler",
+    "GroupLayout",
+    "LossScaler",
+    "Precision",
+    "Slot",
+    "ZeroConfigError",
+    "ZeroError",
+    "ZeroOptimizer",
+    "__version__",
+    "convert_zero_checkpoint_to_fp32_state_dict",
+    "get_fp32_state_dict_from_zero_checkpoint",
+]

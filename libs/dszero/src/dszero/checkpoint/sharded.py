@@ -1,0 +1,222 @@
+"""Sharded ZeRO checkpoints that load at any data-parallel world size.
+
+Layout of a checkpoint directory:
+    zero_shard_00000-of-00002.safetensors   one per rank: master weights and optimizer state (dsaio files)
+    zero_meta.json                          written last, by rank 0: layouts, step counts, loss scale
+
+Every rank writes into `<dir>.partial`; after all have written, rank 0 adds zero_meta.json and
+swaps the directory into place (the previous one is kept as `<dir>.old` until the swap is done),
+so a crash at any moment leaves a complete checkpoint at `<dir>` or `<dir>.old`. Loading cuts the
+saved elements into the shards of the current world size: no conversion step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+import dsaio
+import dscomm
+
+from ..errors import CheckpointError
+from ..layout import GroupLayout, Slot, reshard_reads
+
+if TYPE_CHECKING:
+    from ..optimizer import ZeroOptimizer
+
+META = "zero_meta.json"
+FORMAT = "dszero-sharded-1"
+
+
+def shard_name(rank: int, world: int) -> str:
+    return f"zero_shard_{rank:05d}-of-{world:05d}.safetensors"
+
+
+def save(zero: ZeroOptimizer, directory: str | os.PathLike) -> Path:
+    """Write this rank's shard; collective (every rank of the data-parallel group calls it)."""
+    final = Path(directory)
+    partial = final.with_name(final.name + ".partial")
+    saved_world = zero.world if zero.stage >= 1 else 1
+    writer = zero.rank < saved_world
+    if zero.rank == 0:
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+    dscomm.barrier(group=zero.process_group)
+    state = zero.optimizer.state_dict()
+    if writer:
+        tensors, scalars = _shard_tensors(zero, state)
+        dsaio.save(tensors, partial / shard_name(zero.rank, saved_world),
+                   metadata={"rank": str(zero.rank), "scalars": json.dumps(scalars)})
+    dscomm.barrier(group=zero.process_group)
+    if zero.rank == 0:
+        meta = {"format": FORMAT, "zero_stage": zero.stage, "world_size": saved_world,
+                "precision": zero.precision.dtype, "scaler": zero.scaler.state_dict(),
+                "skipped_steps": zero.skipped_steps,
+                "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in state["param_groups"]],
+                "layouts": [_layout_to_json(flat.layout) for flat in zero.groups]}
+        _write_atomically(partial / META, json.dumps(meta, indent=1))
+        _swap_into_place(partial, final)
+    dscomm.barrier(group=zero.process_group)
+    return final
+
+
+def _shard_tensors(zero: ZeroOptimizer, state: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    tensors: dict[str, torch.Tensor] = {}
+    scalars: dict[str, Any] = {}
+    for index, flat in enumerate(zero.groups):
+        tensors[f"group{index}.master"] = flat.master.detach().float().contiguous()
+        for key, value in state["state"].get(index, {}).items():
+            if torch.is_tensor(value) and value.numel() == flat.shard_numel:
+                tensors[f"group{index}.state.{key}"] = value.detach().contiguous()
+            else:  # a step count or another per-group scalar
+                scalars[f"{index}.{key}"] = value.item() if torch.is_tensor(value) else value
+    return tensors, scalars
+
+
+def _swap_into_place(partial: Path, final: Path) -> None:
+    old = final.with_name(final.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        final.rename(old)
+    partial.rename(final)
+    _fsync_dir(final.parent)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    tmp.rename(path)
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _layout_to_json(layout: GroupLayout) -> dict[str, Any]:
+    return {"world_size": layout.world_size, "alignment": layout.alignment,
+            "slots": [[s.name, list(s.shape), s.offset, s.numel] for s in layout.slots]}
+
+
+def _layout_from_json(data: dict[str, Any]) -> GroupLayout:
+    slots = tuple(Slot(name, tuple(shape), offset, numel) for name, shape, offset, numel in data["slots"])
+    return GroupLayout(slots, data["world_size"], data["alignment"])
+
+
+def resolve_directory(directory: str | os.PathLike) -> Path:
+    """The complete checkpoint at `directory`, or the `.old` one an interrupted save left."""
+    path = Path(directory)
+    for candidate in (path, path.with_name(path.name + ".old")):
+        if (candidate / META).is_file():
+            return candidate
+    if path.with_name(path.name + ".partial").exists():
+        raise CheckpointError(f"{path}: the last save did not finish (no {META}; a {path.name}.partial directory "
+                              f"is left) and no earlier complete checkpoint is there")
+    raise CheckpointError(f"{path}: no ZeRO checkpoint here ({META} not found)")
+
+
+def read_meta(directory: Path) -> dict[str, Any]:
+    meta = json.loads((directory / META).read_text())
+    if meta.get("format") != FORMAT:
+        raise CheckpointError(f"{directory / META}: unknown format {meta.get('format')!r}; expected {FORMAT}")
+    return meta
+
+
+def load(zero: ZeroOptimizer, directory: str | os.PathLike, load_optimizer_states: bool = True) -> None:
+    """Load a checkpoint saved at any world size into `zero` (each rank reads what its shard needs)."""
+    path = resolve_directory(directory)
+    meta = read_meta(path)
+    layouts = [_layout_from_json(d) for d in meta["layouts"]]
+    _check_same_model(zero, layouts, path)
+    saved_world = meta["world_size"]
+    files: dict[int, dict[str, torch.Tensor]] = {}
+
+    def shard(old_rank: int) -> dict[str, torch.Tensor]:
+        if old_rank not in files:
+            file = path / shard_name(old_rank, saved_world)
+            if not file.is_file():
+                raise CheckpointError(f"{path}: shard {file.name} of the {saved_world}-rank checkpoint is missing")
+            files[old_rank] = dsaio.load(file, framework="pt")
+        return files[old_rank]
+
+    new_world = zero.world if zero.stage >= 1 else 1
+    my_rank = zero.rank if zero.stage >= 1 else 0
+    state_keys = _state_keys(path, saved_world)
+    optimizer_state: dict[int, dict[str, Any]] = {}
+    for index, (flat, old) in enumerate(zip(zero.groups, layouts)):
+        reads = reshard_reads(old, new_world, my_rank)
+        master = torch.zeros(flat.shard_numel, dtype=torch.float32)
+        _gather_pieces(master, reads, lambda r, i=index: shard(r)[f"group{i}.master"])
+        flat.master.copy_(master)
+        if load_optimizer_states:
+            per_param: dict[str, Any] = {}
+            for key in state_keys.get(index, []):
+                sample = shard(0)[f"group{index}.state.{key}"]
+                value = torch.zeros(flat.shard_numel, dtype=sample.dtype)
+                _gather_pieces(value, reads, lambda r, i=index, k=key: shard(r)[f"group{i}.state.{k}"])
+                per_param[key] = value
+            scalars = json.loads(_shard_metadata(path, saved_world)["scalars"])
+            for name, value in scalars.items():
+                group_index, key = name.split(".", 1)
+                if int(group_index) == index:
+                    per_param[key] = torch.tensor(value, dtype=torch.float32) if key == "step" else value
+            if per_param:
+                optimizer_state[index] = per_param
+    if load_optimizer_states:
+        groups = [{**hyper, "params": [i]} for i, hyper in enumerate(meta["param_groups"])]
+        zero.optimizer.load_state_dict({"state": optimizer_state, "param_groups": groups})
+        zero.scaler.load_state_dict(meta["scaler"])
+        zero.skipped_steps = int(meta.get("skipped_steps", 0))
+    for flat in zero.groups:
+        flat.master_to_model()
+    zero._share_updated_weights()
+
+
+def _gather_pieces(target: torch.Tensor, reads, source) -> None:
+    for old_rank, start, end, at in reads:
+        target[at: at + end - start].copy_(source(old_rank)[start:end].to(target.dtype))
+
+
+def _state_keys(path: Path, world: int) -> dict[int, list[str]]:
+    tensors = dsaio.load(path / shard_name(0, world), framework="pt")
+    keys: dict[int, list[str]] = {}
+    for name in tensors:
+        group, kind, *rest = name.split(".", 2)
+        if kind == "state":
+            keys.setdefault(int(group.removeprefix("group")), []).append(rest[0])
+    return keys
+
+
+def _shard_metadata(path: Path, world: int) -> dict[str, str]:
+    return dsaio.load_with_metadata(path / shard_name(0, world), framework="pt")[1]
+
+
+def _check_same_model(zero: ZeroOptimizer, layouts: list[GroupLayout], path: Path) -> None:
+    if len(layouts) != len(zero.groups):
+        raise CheckpointError(f"{path}: the checkpoint has {len(layouts)} parameter group(s), this optimizer "
+                              f"{len(zero.groups)}; is it the same model and optimizer?")
+    for index, (flat, old) in enumerate(zip(zero.groups, layouts)):
+        saved = [(s.name, s.shape) for s in old.slots]
+        current = [(s.name, s.shape) for s in flat.layout.slots]
+        if saved != current:
+            missing = sorted({n for n, _ in current} - {n for n, _ in saved})[:3]
+            extra = sorted({n for n, _ in saved} - {n for n, _ in current})[:3]
+            shapes = [f"{n}: saved {tuple(a)} now {tuple(b)}" for (n, a), (m, b) in zip(saved, current)
+                      if n == m and tuple(a) != tuple(b)][:3]
+            raise CheckpointError(f"{path}: parameter group {index} does not match this model "
+                                  f"(not in the checkpoint: {missing or 'none'}; only in the checkpoint: "
+                                  f"{extra or 'none'}; shapes differ: {shapes or 'none'})")
+

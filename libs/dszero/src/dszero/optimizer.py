@@ -1,0 +1,234 @@
+"""`ZeroOptimizer`: wraps a module and a torch optimizer with ZeRO partitioning and mixed precision.
+
+    zero = ZeroOptimizer(model, torch.optim.AdamW(model.parameters()), dsconfig.ZeroConfig(stage=2))
+    loss = model(batch); zero.backward(loss); zero.step(); zero.zero_grad()
+
+The optimizer keeps its class and hyper-parameters; its parameter groups are rebound to this
+rank's flat master shards, so any optimizer whose update is elementwise (Adam, AdamW, SGD, ...)
+works unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+import dscomm
+from dsconfig import ZeroConfig
+
+from .errors import ZeroConfigError, ZeroError
+from .flat import FlatGroup
+from .layout import GroupLayout
+from .precision import Precision
+from .reducers import BucketReducer, FlatReducer
+
+
+class ZeroOptimizer:
+    def __init__(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer, config: ZeroConfig | None = None,
+                 *, precision: Precision | str | None = None, gradient_clipping: float = 0.0, group: Any = None,
+                 aio: Any = None, gradient_average: bool = True, grad_accum_dtype: torch.dtype | None = None):
+        self.config = config or ZeroConfig()
+        self.stage = self.config.stage
+        self.precision = Precision.coerce(precision)
+        self.gradient_clipping = float(gradient_clipping)
+        # data_types.grad_accum_dtype: by default gradients accumulate in the model's dtype, as DeepSpeed's do.
+        self.grad_accum_dtype = grad_accum_dtype
+        self.module = module
+        self.optimizer = optimizer
+        self._check_supported()
+        if not dscomm.is_initialized():
+            dscomm.init_distributed()
+        self.process_group = group if group is not None else dscomm.groups.get_data_parallel_group()
+        self.world = dist.get_world_size(self.process_group)
+        self.rank = dist.get_rank(self.process_group)
+        self.scaler = self.precision.make_scaler()
+        self.global_grad_norm: float | None = None
+        self.skipped_steps = 0
+        self.groups = self._flatten(module, optimizer)
+        self._broadcast_initial_weights()
+        self.reducer = self._make_reducer(gradient_average)
+
+    # ------------------------------------------------------------------ construction
+    def _check_supported(self) -> None:
+        cfg = self.config
+        if cfg.stage == 3:
+            raise ZeroConfigError("zero_optimization.stage 3 is not available in this version of dszero; "
+                                  "use stage 0, 1 or 2")
+        for key in ("offload_param", "offload_optimizer"):
+            section = getattr(cfg, key)
+            if section is not None and section.device != "none":
+                raise ZeroConfigError(f"zero_optimization.{key} (device {section.device!r}) is not available in this "
+                                      f"version of dszero; remove it or set device to \"none\"")
+        if self.precision.dtype == "fp32" and self.precision.master_dtype != "fp32":
+            raise ZeroConfigError("low-precision master weights need fp16 or bf16 training")
+
+    def _flatten(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[FlatGroup]:
+        if optimizer.state:
+            raise ZeroError("the optimizer already has state (it has stepped); wrap it in ZeroOptimizer before the "
+                            "first step, or load its state after wrapping")
+        names = {id(p): name for name, p in module.named_parameters()}
+        groups = []
+        alignment = 4  # 16 bytes of fp32 per shard boundary
+        for index, param_group in enumerate(optimizer.param_groups):
+            params = [p for p in param_group["params"] if p.requires_grad]
+            unknown = [p for p in params if id(p) not in names]
+            if unknown:
+                raise ZeroError(f"optimizer param group {index} holds {len(unknown)} tensor(s) that are not parameters "
+                                f"of the module (first shape {tuple(unknown[0].shape)}); build the optimizer from "
+                                f"module.parameters()")
+            if not params:
+                raise ZeroError(f"optimizer param group {index} has no trainable parameters")
+            dtypes = {p.dtype for p in params}
+            if len(dtypes) > 1:
+                raise ZeroError(f"optimizer param group {index} mixes dtypes {sorted(map(str, dtypes))}; cast the model "
+                                f"to one dtype (model.to(dtype)) before wrapping")
+            model_dtype = params[0].dtype
+            if model_dtype != self.precision.torch_dtype:
+                raise ZeroError(f"the model's parameters are {model_dtype} but the precision is {self.precision.dtype}; "
+                                f"call model.to({self.precision.torch_dtype}) first, or choose the matching precision")
+            world = self.world if self.stage >= 1 else 1
+            layout = GroupLayout.build([names[id(p)] for p in params], [p.shape for p in params], world, alignment)
+            shard_rank = self.rank if self.stage >= 1 else 0
+            flat = FlatGroup(params, [names[id(p)] for p in params], layout, shard_rank,
+                             self.precision.master_torch_dtype)
+            param_group["params"] = [flat.master_param]
+            groups.append(flat)
+        return groups
+
+    def _broadcast_initial_weights(self) -> None:
+        # Every rank starts from rank 0's weights, as DDP does.
+        src = dist.get_global_rank(self.process_group, 0) if self.process_group is not None else 0
+        for flat in self.groups:
+            dscomm.broadcast(flat.model_flat, src, group=self.process_group, log_name="zero_broadcast_weights")
+            if flat.separate_master:
+                flat.master.copy_(flat.model_shard())
+
+    def _make_reducer(self, average: bool):
+        if self.stage <= 1:
+            return FlatReducer(self.groups, self.process_group, partition=self.stage == 1, average=average)
+        grad_dtype = self.grad_accum_dtype or self.precision.torch_dtype
+        bucket = self.config.reduce_bucket_size
+        bucket = bucket if isinstance(bucket, int) else 500_000_000  # "auto": the reference's default
+        return BucketReducer(self.groups, self.process_group, bucket, self.config.overlap_comm, average, grad_dtype)
+
+    # ------------------------------------------------------------------ training
+    @property
+    def loss_scale(self) -> float:
+        return self.scaler.scale
+
+    def backward(self, loss: torch.Tensor, retain_graph: bool = False) -> None:
+        """loss.backward(), with the fp16 loss scale applied."""
+        (loss * self.scaler.scale if self.scaler.scale != 1.0 else loss).backward(retain_graph=retain_graph)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.reducer.zero()
+
+    def step(self) -> bool:
+        """Reduce gradients, then update: returns False when the step was skipped for an fp16 overflow."""
+        shards = self.reducer.reduce()
+        grads = [shard if shard.dtype == flat.master.dtype else shard.to(flat.master.dtype)
+                 for shard, flat in zip(shards, self.groups)]
+        if self.scaler.scale != 1.0:
+            for grad in grads:
+                grad.div_(self.scaler.scale)
+        sq_sum, finite = self._local_norm_and_finite(grads)
+        stats = torch.tensor([sq_sum, 0.0 if finite else 1.0], dtype=torch.float64)
+        if self.stage >= 1 and self.world > 1:
+            summed = stats.clone()
+            dscomm.all_reduce(summed, group=self.process_group, log_name="zero_grad_norm")
+            stats = summed
+        overflow = stats[1].item() > 0
+        if overflow:
+            self.scaler.update(True)
+            self.skipped_steps += 1
+            self.global_grad_norm = math.inf
+            self.reducer.zero()
+            return False
+        norm = math.sqrt(stats[0].item())
+        self.global_grad_norm = norm
+        if self.gradient_clipping > 0 and norm > self.gradient_clipping:
+            factor = self.gradient_clipping / (norm + 1e-6)
+            for grad in grads:
+                grad.mul_(factor)
+        for flat, grad in zip(self.groups, grads):
+            flat.master_param.grad = grad
+        self.optimizer.step()
+        for flat in self.groups:
+            flat.master_param.grad = None
+        self._share_updated_weights()
+        self.scaler.update(False)
+        self.reducer.zero()
+        return True
+
+    def _local_norm_and_finite(self, grads: list[torch.Tensor]) -> tuple[float, bool]:
+        sq_sum = 0.0
+        for grad in grads:
+            value = grad.double().pow(2).sum().item() if grad.numel() else 0.0
+            sq_sum += value
+        return sq_sum, math.isfinite(sq_sum)
+
+    def _share_updated_weights(self) -> None:
+        for flat in self.groups:
+            flat.master_to_model()
+            if self.stage >= 1 and self.world > 1:
+                dscomm.all_gather_into_tensor(flat.model_flat, flat.model_shard().clone(), group=self.process_group,
+                                              log_name="zero_allgather_params")
+
+    def get_global_grad_norm(self) -> float | None:
+        """The gradient norm of the last step (before clipping); inf when it overflowed."""
+        return self.global_grad_norm
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's shard: master weights, optimizer state and loss scaler (same world size to load)."""
+        return {
+            "zero_stage": self.stage,
+            "world_size": self.world if self.stage >= 1 else 1,
+            "rank": self.rank,
+            "master": [flat.master.clone() for flat in self.groups],
+            "optimizer": self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "skipped_steps": self.skipped_steps,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        expected = self.world if self.stage >= 1 else 1
+        if state.get("world_size") != expected or state.get("zero_stage") != self.stage:
+            raise ZeroError(f"state_dict is for stage {state.get('zero_stage')} at world size {state.get('world_size')}; "
+                            f"this optimizer is stage {self.stage} at {expected}: use dszero.save / dszero.load to "
+                            f"change world size")
+        for flat, master in zip(self.groups, state["master"], strict=True):
+            flat.master.copy_(master)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scaler.load_state_dict(state["scaler"])
+        self.skipped_steps = int(state.get("skipped_steps", 0))
+        self._share_updated_weights()
+
+    def save(self, directory) -> Any:
+        """Write a sharded checkpoint (collective); see dszero.checkpoint."""
+        from .checkpoint import save
+
+        return save(self, directory)
+
+    def load(self, directory, load_optimizer_states: bool = True) -> None:
+        """Load a checkpoint saved at any data-parallel world size (collective)."""
+        from .checkpoint import load
+
+        load(self, directory, load_optimizer_states)
+
+    # ------------------------------------------------------------------ memory
+    def memory_report(self) -> dict[str, int]:
+        """Bytes this rank holds: parameters, gradients, master weights, optimizer state, comm buffers."""
+        params = sum(f.model_flat.numel() * f.model_flat.element_size() for f in self.groups)
+        master = sum(f.master.numel() * f.master.element_size() for f in self.groups if f.separate_master)
+        state = 0
+        for per_param in self.optimizer.state.values():
+            for value in per_param.values():
+                if torch.is_tensor(value):
+                    state += value.numel() * value.element_size()
+        return {"parameters": params, "gradients": self.reducer.buffer_bytes(), "master_weights": master,
+                "optimizer_state": state, "communication_buffers": self.reducer.comm_buffer_bytes(),
+                "total": params + self.reducer.buffer_bytes() + master + state + self.reducer.comm_buffer_bytes()}

@@ -1,0 +1,246 @@
+"""How gradients reach their owners, by stage.
+
+- stage 0: gradients accumulate whole in a flat buffer; all-reduced at the optimizer step.
+- stage 1: the same buffer, reduce-scattered at the step: each rank keeps only its shard.
+- stage 2: gradients are reduced during backward in fixed buckets of `reduce_bucket_size`
+  elements, each piece to the rank that owns it, and accumulated into that rank's shard; no rank
+  keeps more than its shard plus the buckets in flight. Buckets are launched strictly in order
+  (as DDP does), so every rank issues the same collectives even when gradients arrive in a
+  different order.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+import dscomm
+
+from .flat import FlatGroup
+
+
+class FlatReducer:
+    """Stages 0 and 1: `.grad` of every parameter is a view of one flat buffer per group."""
+
+    def __init__(self, groups: list[FlatGroup], process_group: Any, partition: bool, average: bool):
+        self.groups = groups
+        self.process_group = process_group
+        self.partition = partition
+        self.world = dist.get_world_size(process_group)
+        self.average = average
+        self.grad_flats = []
+        for group in groups:
+            flat = torch.zeros_like(group.model_flat)
+            for param, slot in zip(group.params, group.layout.slots):
+                param.grad = flat[slot.offset:slot.end].view(slot.shape)
+            self.grad_flats.append(flat)
+        # reduce-scatter's output must not alias its input: one shard-sized buffer per group.
+        self.shard_outs = [torch.zeros(g.shard_numel, dtype=g.dtype, device=g.model_flat.device)
+                           for g in groups] if partition else []
+
+    def reduce(self) -> list[torch.Tensor]:
+        """This rank's reduced gradient shard of each group (model dtype)."""
+        shards = []
+        for group, flat in zip(self.groups, self.grad_flats):
+            self._reattach(group, flat)
+            if self.average and self.world > 1:
+                flat.div_(self.world)
+            if self.partition:
+                out = self.shard_outs[len(shards)]
+                dscomm.reduce_scatter_tensor(out, flat, group=self.process_group, log_name="zero_reduce_scatter_grads")
+                shards.append(out)
+            else:
+                dscomm.all_reduce(flat, group=self.process_group, log_name="zero_allreduce_grads")
+                shards.append(flat)
+        return shards
+
+    def _reattach(self, group: FlatGroup, flat: torch.Tensor) -> None:
+        # A user's zero_grad(set_to_none=True) or an optimizer may have replaced .grad: fold it back.
+        for param, slot in zip(group.params, group.layout.slots):
+            view = flat[slot.offset:slot.end].view(slot.shape)
+            if param.grad is None:
+                view.zero_()
+            elif param.grad.data_ptr() != view.data_ptr():
+                view.copy_(param.grad)
+            param.grad = view
+
+    def zero(self) -> None:
+        for group, flat in zip(self.groups, self.grad_flats):
+            flat.zero_()
+            self._reattach(group, flat)
+
+    def buffer_bytes(self) -> int:
+        return sum(f.numel() * f.element_size() for f in self.grad_flats)
+
+    def comm_buffer_bytes(self) -> int:
+        return sum(o.numel() * o.element_size() for o in self.shard_outs)
+
+
+class _Bucket:
+    """Fixed set of parameters, reduced together; its staging is grouped by owning rank."""
+
+    def __init__(self, group_index: int, params: list[int], group: FlatGroup):
+        self.group_index = group_index
+        self.params = params
+        layout = group.layout
+        by_rank: dict[int, list[tuple[int, int, int, int]]] = {}
+        for index in params:
+            slot = layout.slots[index]
+            for rank, start, end in layout.owners(slot.offset, slot.end):
+                by_rank.setdefault(rank, []).append((index, start - slot.offset, end - slot.offset, start))
+        # (rank, [(param index, start in param, end in param, flat position)], segment start, segment end)
+        self.segments = []
+        cursor = 0
+        for rank in sorted(by_rank):
+            pieces = by_rank[rank]
+            size = sum(end - start for _, start, end, _ in pieces)
+            self.segments.append((rank, pieces, cursor, cursor + size))
+            cursor += size
+        self.numel = cursor
+        self.ready: set[int] = set()
+
+
+class BucketReducer:
+    """Stage 2: gradients reduced in buckets during backward, kept only as this rank's shard."""
+
+    def __init__(self, groups: list[FlatGroup], process_group: Any, bucket_numel: int, overlap: bool,
+                 average: bool, grad_dtype: torch.dtype):
+        self.groups = groups
+        self.process_group = process_group
+        self.world = dist.get_world_size(process_group)
+        self.rank = dist.get_rank(process_group)
+        self.average = average
+        self.overlap = overlap
+        self.grad_shards = [torch.zeros(g.shard_numel, dtype=grad_dtype, device=g.model_flat.device) for g in groups]
+        self.buckets: list[_Bucket] = []
+        self.where: dict[int, tuple[int, int]] = {}  # id(param) -> (bucket, index in group)
+        for group_index, group in enumerate(groups):
+            pending: list[int] = []
+            size = 0
+            # Reverse order: the last layers' gradients are ready first.
+            for index in reversed(range(len(group.params))):
+                pending.append(index)
+                size += group.layout.slots[index].numel
+                if size >= bucket_numel:
+                    self._add_bucket(group_index, pending, group)
+                    pending, size = [], 0
+            if pending:
+                self._add_bucket(group_index, pending, group)
+        largest = max((b.numel for b in self.buckets), default=0)
+        dtype = groups[0].dtype if groups else torch.float32
+        device = groups[0].model_flat.device if groups else torch.device("cpu")
+        self.staging = [torch.zeros(largest, dtype=dtype, device=device) for _ in range(2 if overlap else 1)]
+        self.next_bucket = 0
+        self.turn = 0
+        self.in_flight: list[tuple[_Bucket, torch.Tensor, list[Any]]] = []
+        self.callback_queued = False
+        self.hooks = []
+        for group in groups:
+            for param in group.params:
+                self.hooks.append(param.register_post_accumulate_grad_hook(self._on_grad))
+
+    def _add_bucket(self, group_index: int, params: list[int], group: FlatGroup) -> None:
+        bucket = _Bucket(group_index, list(params), group)
+        for index in params:
+            self.where[id(group.params[index])] = (len(self.buckets), index)
+        self.buckets.append(bucket)
+
+    # ------------------------------------------------------------------ during backward
+    def _on_grad(self, param: torch.nn.Parameter) -> None:
+        if not self.callback_queued:
+            self.callback_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+        bucket_index, index = self.where[id(param)]
+        self.buckets[bucket_index].ready.add(index)
+        while self.next_bucket < len(self.buckets):
+            bucket = self.buckets[self.next_bucket]
+            if len(bucket.ready) < len(bucket.params):
+                break
+            self._launch(bucket)
+            self.next_bucket += 1
+
+    def _end_of_backward(self) -> None:
+        # Parameters that received no gradient this pass count as zeros.
+        while self.next_bucket < len(self.buckets):
+            self._launch(self.buckets[self.next_bucket])
+            self.next_bucket += 1
+        self.finish()
+
+    def _launch(self, bucket: _Bucket) -> None:
+        group = self.groups[bucket.group_index]
+        if len(self.in_flight) >= len(self.staging):
+            self._complete(self.in_flight.pop(0))  # double buffering: the oldest bucket frees its buffer
+        staging = self.staging[self.turn % len(self.staging)][: bucket.numel]
+        self.turn += 1
+        for _rank, pieces, seg_lo, _seg_hi in bucket.segments:
+            cursor = seg_lo
+            for index, start, end, _ in pieces:
+                param = group.params[index]
+                piece = staging[cursor:cursor + end - start]
+                if param.grad is None:
+                    piece.zero_()
+                else:
+                    piece.copy_(param.grad.reshape(-1)[start:end])
+                cursor += end - start
+        for index in bucket.params:
+            group.params[index].grad = None  # the full gradient is no longer needed here
+        if self.average and self.world > 1:
+            staging.div_(self.world)
+        handles = []
+        for rank, _pieces, seg_lo, seg_hi in bucket.segments:
+            if self.world == 1:
+                continue
+            dst = dist.get_global_rank(self.process_group, rank) if self.process_group is not None else rank
+            handles.append(dscomm.reduce(staging[seg_lo:seg_hi], dst, group=self.process_group,
+                                         async_op=self.overlap, log_name="zero_reduce_bucket"))
+        bucket.ready.clear()
+        self.in_flight.append((bucket, staging, handles))
+        if not self.overlap:
+            self._complete(self.in_flight.pop(0))
+
+    def _complete(self, flight: tuple[_Bucket, torch.Tensor, list[Any]]) -> None:
+        bucket, staging, handles = flight
+        for handle in handles:
+            if handle is not None:
+                handle.wait()
+        shard = self.grad_shards[bucket.group_index]
+        layout = self.groups[bucket.group_index].layout
+        lo, _ = layout.shard_range(self.rank)
+        for rank, pieces, seg_lo, _ in bucket.segments:
+            if rank != self.rank:
+                continue
+            cursor = seg_lo
+            for _index, start, end, flat_pos in pieces:
+                size = end - start
+                shard[flat_pos - lo: flat_pos - lo + size].add_(staging[cursor:cursor + size])
+                cursor += size
+
+    def finish(self) -> None:
+        while self.in_flight:
+            self._complete(self.in_flight.pop(0))
+        self.next_bucket = 0
+        self.callback_queued = False
+
+    # ------------------------------------------------------------------ at the step
+    def reduce(self) -> list[torch.Tensor]:
+        self.finish()
+        return self.grad_shards
+
+    def zero(self) -> None:
+        for shard in self.grad_shards:
+            shard.zero_()
+        for group in self.groups:
+            for param in group.params:
+                param.grad = None
+
+    def buffer_bytes(self) -> int:
+        return sum(s.numel() * s.element_size() for s in self.grad_shards)
+
+    def comm_buffer_bytes(self) -> int:
+        return sum(s.numel() * s.element_size() for s in self.staging)
+
+    def remove(self) -> None:
+        for hook in self.hooks:
+            hook.remove()

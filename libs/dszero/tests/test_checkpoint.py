@@ -1,0 +1,132 @@
+"""Sharded checkpoints: reshard across world sizes, survive a crash mid-save, consolidate to fp32."""
+
+import contextlib
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from models import loss_of, make_model
+
+import dszero
+from dscomm.testing import run_ranks
+from dsconfig import ZeroConfig
+
+GLOBAL_BATCH = 12  # divisible by 1, 2, 3 and 4
+
+
+def global_batch(step: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(100 + step)
+    return torch.randint(0, 64, (GLOBAL_BATCH, 17), generator=gen)
+
+
+def make_zero(stage, seed=0):
+    model = make_model(seed=seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
+    return model, dszero.ZeroOptimizer(model, opt, ZeroConfig(stage=stage, reduce_bucket_size=3000))
+
+
+def train_step(model, zero, step, rank, world):
+    tokens = global_batch(step).chunk(world)[rank]
+    loss = loss_of(model, tokens)
+    zero.backward(loss)
+    zero.step()
+    zero.zero_grad()
+    mean = torch.tensor([loss.item()])
+    torch.distributed.all_reduce(mean)
+    return mean.item() / world
+
+
+def save_after_three(rank, world, stage, directory):
+    model, zero = make_zero(stage)
+    for step in range(3):
+        train_step(model, zero, step, rank, world)
+    zero.save(directory)
+    fourth = train_step(model, zero, 3, rank, world)
+    return fourth, {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def load_and_continue(rank, world, stage, directory):
+    model, zero = make_zero(stage, seed=99)  # different starting weights: the checkpoint must replace them
+    zero.load(directory)
+    fourth = train_step(model, zero, 3, rank, world)
+    return fourth, {k: v.clone() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize(("stage", "saved", "loaded"), [(2, 2, 1), (2, 2, 4), (1, 4, 2), (2, 2, 3), (0, 2, 2)])
+def test_reshard_gives_the_same_next_step(tmp_path, stage, saved, loaded):
+    directory = tmp_path / "ckpt"
+    reference = run_ranks(save_after_three, saved, stage, directory, timeout=120)[0]
+    resumed = run_ranks(load_and_continue, loaded, stage, directory, timeout=120)[0]
+    assert resumed[0] == pytest.approx(reference[0], rel=1e-5)
+    for name, value in reference[1].items():
+        torch.testing.assert_close(resumed[1][name], value, rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_zero_to_fp32_equals_the_unsharded_weights(tmp_path):
+    directory = tmp_path / "ckpt"
+
+    def save_weights(rank, world):
+        model, zero = make_zero(2)
+        for step in range(2):
+            train_step(model, zero, step, rank, world)
+        zero.save(directory)
+        return {k: v.clone() for k, v in model.state_dict().items()}
+
+    weights = run_ranks(save_weights, 2, timeout=120)[0]
+    consolidated = dszero.get_fp32_state_dict_from_zero_checkpoint(directory)
+    assert set(consolidated) == set(weights)
+    for name, value in weights.items():
+        assert torch.equal(consolidated[name], value), name
+    out = tmp_path / "model.safetensors"
+    cli = subprocess.run([sys.executable, "-m", "dszero.checkpoint.zero_to_fp32", str(directory), str(out)],
+                         capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 0, cli.stderr
+    from safetensors.torch import load_file
+
+    loaded = load_file(out)
+    assert all(torch.equal(loaded[k], v) for k, v in weights.items())
+
+
+def killed_while_saving(rank, world, directory):
+    model, zero = make_zero(2)
+    train_step(model, zero, 0, rank, world)
+    zero.save(directory)                      # a complete checkpoint
+    train_step(model, zero, 1, rank, world)
+    if rank == 1:
+        os._exit(0)                           # dies before the second save
+    with contextlib.suppress(Exception):  # the peer is gone; what matters is what is on disk
+        zero.save(directory)
+    return "done"
+
+
+def test_a_rank_killed_during_save_leaves_the_last_checkpoint_loadable(tmp_path):
+    directory = tmp_path / "ckpt"
+    run_ranks(killed_while_saving, 2, directory, timeout=120, pg_timeout=10, allow_missing=(1,))
+    state = dszero.get_fp32_state_dict_from_zero_checkpoint(directory)
+    assert "head.weight" in state
+    resumed = run_ranks(load_and_continue, 2, 2, directory, timeout=120)
+    assert resumed[0][0] > 0
+
+
+def wrong_model(rank, world, directory):
+    model = make_model(d=48)
+    zero = dszero.ZeroOptimizer(model, torch.optim.AdamW(model.parameters()), ZeroConfig(stage=2))
+    try:
+        zero.load(directory)
+    except dszero.CheckpointError as exc:
+        return str(exc)
+    return "loaded"
+
+
+def test_mismatched_model_and_missing_shard_are_named(tmp_path):
+    directory = tmp_path / "ckpt"
+    run_ranks(save_after_three, 2, 2, directory, timeout=120)
+    message = run_ranks(wrong_model, 1, directory, timeout=60)[0]
+    assert "does not match this model" in message and "shapes differ" in message
+    (directory / "zero_shard_00001-of-00002.safetensors").unlink()
+    with pytest.raises(dszero.CheckpointError, match=r"zero_shard_00001-of-00002\.safetensors of the 2-rank"):
+        dszero.get_fp32_state_dict_from_zero_checkpoint(directory)
+    with pytest.raises(dszero.CheckpointError, match="no ZeRO checkpoint"):
+        dszero.get_fp32_state_dict_from_zero_checkpoint(tmp_path / "nothing")
