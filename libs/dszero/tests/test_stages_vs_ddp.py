@@ -7,7 +7,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import dszero
 from dscomm.testing import run_ranks
-from dsconfig import ZeroConfig
+from dsconfig import OffloadOptimizerConfig, ZeroConfig
 
 STEPS = 20
 
@@ -35,11 +35,13 @@ def train_ddp(rank, world, micro, clip):
     return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def train_zero(rank, world, stage, micro, clip, overlap, bucket):
+def train_zero(rank, world, stage, micro, clip, overlap, bucket, offload=False):
     model = make_model()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
-    zero = dszero.ZeroOptimizer(model, opt, ZeroConfig(stage=stage, overlap_comm=overlap, reduce_bucket_size=bucket),
-                                gradient_clipping=clip)
+    cfg = ZeroConfig(stage=stage, overlap_comm=overlap, reduce_bucket_size=bucket,
+                     offload_optimizer=OffloadOptimizerConfig(device="cpu") if offload else None)
+    zero = dszero.ZeroOptimizer(model, opt, cfg, gradient_clipping=clip)
+    assert zero.groups[0].separate_master == offload
     losses = []
     for micro_batches in batches(STEPS, micro, world, rank):
         total = 0.0
@@ -53,8 +55,8 @@ def train_zero(rank, world, stage, micro, clip, overlap, bucket):
     return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def both(rank, world, stage, micro, clip, overlap, bucket):
-    return train_ddp(rank, world, micro, clip), train_zero(rank, world, stage, micro, clip, overlap, bucket)
+def both(rank, world, stage, micro, clip, overlap, bucket, offload=False):
+    return train_ddp(rank, world, micro, clip), train_zero(rank, world, stage, micro, clip, overlap, bucket, offload)
 
 
 CASES = [
@@ -86,3 +88,13 @@ def test_same_losses_and_weights_as_ddp(world, stage, micro, clip, overlap, buck
     for _, (_, weights) in results[1:]:
         for name, value in results[0][1][1].items():
             assert torch.equal(weights[name], value)
+
+
+@pytest.mark.parametrize(("stage", "micro", "clip", "overlap", "bucket"), [CASES[3], CASES[4]],
+                         ids=["stage1-gas2-clip", "stage2-gas2-clip-overlap"])
+def test_cpu_optimizer_offload_trains_like_ddp(stage, micro, clip, overlap, bucket):
+    results = run_ranks(both, 2, stage, micro, clip, overlap, bucket, True, timeout=180)
+    for (ddp_losses, ddp_weights), (zero_losses, zero_weights) in results:
+        assert zero_losses == pytest.approx(ddp_losses, rel=1e-5)
+        for name, value in ddp_weights.items():
+            torch.testing.assert_close(zero_weights[name], value, rtol=1e-5, atol=1e-5, msg=name)

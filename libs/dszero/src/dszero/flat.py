@@ -7,6 +7,8 @@ training keeps no second copy) and the gradient storage of the stage.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from .layout import GroupLayout
@@ -14,7 +16,7 @@ from .layout import GroupLayout
 
 class FlatGroup:
     def __init__(self, params: list[torch.nn.Parameter], names: list[str], layout: GroupLayout, shard_rank: int,
-                 master_dtype: torch.dtype):
+                 master_dtype: torch.dtype, offload: bool = False, pin_memory: bool = False):
         self.params = params
         self.names = names
         self.layout = layout
@@ -28,11 +30,15 @@ class FlatGroup:
             param.data = view  # the module now reads its weights from the flat buffer
         lo, hi = layout.shard_range(shard_rank)
         own = self.model_flat[lo:hi]
-        if master_dtype == self.dtype:
+        if master_dtype == self.dtype and not offload:
             self.master = own  # shares memory: the optimizer updates the model's own shard
             self.separate_master = False
         else:
-            self.master = own.to(master_dtype)
+            # Offloaded (or higher-precision) master weights live in their own CPU buffer.
+            device = torch.device("cpu") if offload else own.device
+            self.master = own.to(device=device, dtype=master_dtype, copy=True)
+            if pin_memory:
+                self.master = pin(self.master)
             self.separate_master = True
         self.master_param = torch.nn.Parameter(self.master, requires_grad=False)
 
@@ -54,3 +60,15 @@ class FlatGroup:
 
     def param_index(self) -> dict[int, int]:
         return {id(p): i for i, p in enumerate(self.params)}
+
+
+def pin(tensor: torch.Tensor) -> torch.Tensor:
+    """Page-locked copy for fast device transfers; the tensor itself where pinning is not possible."""
+    if not torch.cuda.is_available():
+        return tensor  # pinning only speeds up CUDA copies; without CUDA there is nothing to gain
+    try:
+        return tensor.pin_memory()
+    except RuntimeError as exc:
+        warnings.warn(f"dszero: pin_memory refused ({exc}); continuing with pageable memory. Raise the memlock "
+                      f"limit (ulimit -l) or set offload_optimizer.pin_memory: false to silence this", stacklevel=3)
+        return tensor

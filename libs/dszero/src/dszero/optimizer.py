@@ -39,6 +39,7 @@ class ZeroOptimizer:
         self.module = module
         self.optimizer = optimizer
         self._check_supported()
+        self.offload = self.config.optimizer_offload_device == "cpu"
         if not dscomm.is_initialized():
             dscomm.init_distributed()
         self.process_group = group if group is not None else dscomm.groups.get_data_parallel_group()
@@ -57,11 +58,14 @@ class ZeroOptimizer:
         if cfg.stage == 3:
             raise ZeroConfigError("zero_optimization.stage 3 is not available in this version of dszero; "
                                   "use stage 0, 1 or 2")
-        for key in ("offload_param", "offload_optimizer"):
-            section = getattr(cfg, key)
-            if section is not None and section.device != "none":
-                raise ZeroConfigError(f"zero_optimization.{key} (device {section.device!r}) is not available in this "
-                                      f"version of dszero; remove it or set device to \"none\"")
+        if cfg.param_offload_device != "none":
+            raise ZeroConfigError(f"zero_optimization.offload_param (device {cfg.param_offload_device!r}) needs "
+                                  f"stage 3, which this version of dszero does not have; remove it")
+        if cfg.optimizer_offload_device == "nvme":
+            raise ZeroConfigError("zero_optimization.offload_optimizer.device \"nvme\" needs stage 3, which this "
+                                  "version of dszero does not have; use \"cpu\"")
+        if cfg.optimizer_offload_device == "cpu" and cfg.stage == 0:
+            raise ZeroConfigError("zero_optimization.offload_optimizer needs stage 1, 2 or 3 (stage is 0)")
         if self.precision.dtype == "fp32" and self.precision.master_dtype != "fp32":
             raise ZeroConfigError("low-precision master weights need fp16 or bf16 training")
 
@@ -92,8 +96,10 @@ class ZeroOptimizer:
             world = self.world if self.stage >= 1 else 1
             layout = GroupLayout.build([names[id(p)] for p in params], [p.shape for p in params], world, alignment)
             shard_rank = self.rank if self.stage >= 1 else 0
+            offload = self.config.offload_optimizer
             flat = FlatGroup(params, [names[id(p)] for p in params], layout, shard_rank,
-                             self.precision.master_torch_dtype)
+                             self.precision.master_torch_dtype, offload=self.offload,
+                             pin_memory=bool(offload and offload.pin_memory))
             param_group["params"] = [flat.master_param]
             groups.append(flat)
         return groups
@@ -129,8 +135,8 @@ class ZeroOptimizer:
     def step(self) -> bool:
         """Reduce gradients, then update: returns False when the step was skipped for an fp16 overflow."""
         shards = self.reducer.reduce()
-        grads = [shard if shard.dtype == flat.master.dtype else shard.to(flat.master.dtype)
-                 for shard, flat in zip(shards, self.groups)]
+        # To the master's dtype and device (the CPU under optimizer offload); a copy whenever either differs.
+        grads = [shard.to(device=flat.master.device, dtype=flat.master.dtype) for shard, flat in zip(shards, self.groups)]
         if self.scaler.scale != 1.0:
             for grad in grads:
                 grad.div_(self.scaler.scale)
