@@ -170,10 +170,9 @@ class ZeroOptimizer:
         return True
 
     def _local_norm_and_finite(self, grads: list[torch.Tensor]) -> tuple[float, bool]:
-        sq_sum = 0.0
-        for grad in grads:
-            value = grad.double().pow(2).sum().item() if grad.numel() else 0.0
-            sq_sum += value
+        # One fused pass per shard (no float64 copy); any inf/nan makes the sum non-finite.
+        norms = [torch.linalg.vector_norm(grad, dtype=torch.float32) for grad in grads if grad.numel()]
+        sq_sum = float(sum(n.item() ** 2 for n in norms))
         return sq_sum, math.isfinite(sq_sum)
 
     def _share_updated_weights(self) -> None:

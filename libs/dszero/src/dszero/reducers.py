@@ -45,14 +45,15 @@ class FlatReducer:
         shards = []
         for group, flat in zip(self.groups, self.grad_flats):
             self._reattach(group, flat)
-            if self.average and self.world > 1:
-                flat.div_(self.world)
+            # Averaging inside the collective saves a pass over the gradients.
+            op = dscomm.ReduceOp.AVG if self.average and self.world > 1 else dscomm.ReduceOp.SUM
             if self.partition:
                 out = self.shard_outs[len(shards)]
-                dscomm.reduce_scatter_tensor(out, flat, group=self.process_group, log_name="zero_reduce_scatter_grads")
+                dscomm.reduce_scatter_tensor(out, flat, op=op, group=self.process_group,
+                                             log_name="zero_reduce_scatter_grads")
                 shards.append(out)
             else:
-                dscomm.all_reduce(flat, group=self.process_group, log_name="zero_allreduce_grads")
+                dscomm.all_reduce(flat, op=op, group=self.process_group, log_name="zero_allreduce_grads")
                 shards.append(flat)
         return shards
 

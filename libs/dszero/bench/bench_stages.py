@@ -1,0 +1,136 @@
+"""Step time and per-rank memory of ZeRO stages 0-2 (and CPU optimizer offload) beside torch DDP.
+
+A GPT-style model of about 27M parameters (vocab 8192, d 512, 6 layers, seq 128, micro-batch 4),
+fp32, 2 gloo ranks on the CPU. Every configuration runs in its own freshly forked pair of ranks,
+alternating with DDP (DDP, config, DDP, config, ...), and the median step time of each is printed
+with the ratio to the DDP run beside it.
+
+    python libs/dszero/bench/bench_stages.py [--steps 8] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import statistics
+import time
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import dszero
+from dscomm.testing import run_ranks
+from dsconfig import OffloadOptimizerConfig, ZeroConfig
+
+VOCAB, D, LAYERS, SEQ, MICRO = 8192, 512, 6, 128, 4
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(D), nn.LayerNorm(D)
+        self.attn = nn.MultiheadAttention(D, 8, batch_first=True)
+        self.mlp = nn.Sequential(nn.Linear(D, 4 * D), nn.GELU(), nn.Linear(4 * D, D))
+
+    def forward(self, x):
+        h = self.norm1(x)
+        mask = torch.ones(x.shape[1], x.shape[1], dtype=torch.bool).triu(1)
+        x = x + self.attn(h, h, h, attn_mask=mask, need_weights=False)[0]
+        return x + self.mlp(self.norm2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, D)
+        self.pos = nn.Parameter(torch.zeros(SEQ, D))
+        self.blocks = nn.Sequential(*[Block() for _ in range(LAYERS)])
+        self.norm = nn.LayerNorm(D)
+        self.head = nn.Linear(D, VOCAB, bias=False)
+
+    def forward(self, tokens):
+        return self.head(self.norm(self.blocks(self.embed(tokens) + self.pos)))
+
+
+def rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run(rank: int, world: int, kind: str, steps: int) -> dict:
+    torch.manual_seed(0)
+    model = GPT()
+    start_rss = rss_mb()
+    if kind == "ddp":
+        trainer = DDP(model)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+
+        def step(tokens):
+            loss = nn.functional.cross_entropy(trainer(tokens[:, :-1]).reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=False)
+    else:
+        stage = int(kind[-1])
+        offload = "offload" in kind
+        if offload:
+            from dszero.ops import CPUAdam
+
+            optimizer = CPUAdam(model.parameters(), lr=1e-4)
+        else:
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+        cfg = ZeroConfig(stage=stage, overlap_comm=stage == 2, reduce_bucket_size=5_000_000,
+                         offload_optimizer=OffloadOptimizerConfig(device="cpu", pin_memory=False) if offload else None)
+        zero = dszero.ZeroOptimizer(model, optimizer, cfg)
+
+        def step(tokens):
+            loss = nn.functional.cross_entropy(model(tokens[:, :-1]).reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+            zero.backward(loss)
+            zero.step()
+            zero.zero_grad()
+    gen = torch.Generator().manual_seed(rank)
+    times = []
+    for i in range(steps + 2):  # two warm-up steps
+        tokens = torch.randint(0, VOCAB, (MICRO, SEQ + 1), generator=gen)
+        torch.distributed.barrier()
+        began = time.perf_counter()
+        step(tokens)
+        if i >= 2:
+            times.append(time.perf_counter() - began)
+    states = zero.memory_report() if kind != "ddp" else None
+    return {"step_s": statistics.median(times), "peak_rss_mb": rss_mb(), "rss_growth_mb": rss_mb() - start_rss,
+            "params": sum(p.numel() for p in model.parameters()), "model_states": states}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--kinds", default="zero0,zero1,zero2,offload_zero2")
+    args = parser.parse_args()
+    kinds = args.kinds.split(",")
+    ratios: dict[str, list[float]] = {k: [] for k in kinds}
+    rows: dict[str, list[dict]] = {k: [] for k in ["ddp", *kinds]}
+    for _ in range(args.rounds):
+        for kind in kinds:
+            ddp = max(run_ranks(run, 2, "ddp", args.steps, timeout=3600), key=lambda r: r["step_s"])
+            other = max(run_ranks(run, 2, kind, args.steps, timeout=3600), key=lambda r: r["step_s"])
+            rows["ddp"].append(ddp)
+            rows[kind].append(other)
+            ratios[kind].append(other["step_s"] / ddp["step_s"])
+    params = rows["ddp"][0]["params"]
+    print(f"GPT {params / 1e6:.1f}M parameters, 2 gloo ranks, fp32, micro-batch {MICRO} x {SEQ}; "
+          f"{args.steps} timed steps, {args.rounds} round(s); ratio = config / DDP in the same round")
+    print(f"{'config':<16}{'step (s)':>10}{'x DDP':>8}{'peak RSS/rank (MB)':>20}{'model states/rank (MB)':>24}")
+    for kind in ["ddp", *kinds]:
+        step = statistics.median(r["step_s"] for r in rows[kind])
+        ratio = f"{statistics.median(ratios[kind]):.2f}" if kind != "ddp" else "1.00"
+        states = rows[kind][0]["model_states"]
+        state_mb = f"{(states['total'] - states['communication_buffers']) / 2**20:.0f}" if states else \
+            f"{16 * params / 2**20:.0f} (16 B/param)"
+        peak = statistics.median(r["peak_rss_mb"] for r in rows[kind])
+        print(f"{kind:<16}{step:>10.3f}{ratio:>8}{peak:>20.0f}{state_mb:>24}")
+
+
+if __name__ == "__main__":
+    main()
