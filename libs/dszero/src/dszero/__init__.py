@@ -7,6 +7,12 @@
 from ._version import __version__
 from .checkpoint import convert_zero_checkpoint_to_fp32_state_dict, get_fp32_state_dict_from_zero_checkpoint
 from .errors import CheckpointError, ZeroConfigError, ZeroError
+from .estimators import (
+    estimate_zero2_model_states_mem_needs_all_cold,
+    estimate_zero2_model_states_mem_needs_all_live,
+    estimate_zero3_model_states_mem_needs_all_cold,
+    estimate_zero3_model_states_mem_needs_all_live,
+)
 from .layout import GroupLayout, Slot
 from .optimizer import ZeroOptimizer
 from .precision import DynamicLossScaler, LossScaler, Precision
@@ -23,5 +29,9 @@ __all__ = [
     "ZeroOptimizer",
     "__version__",
     "convert_zero_checkpoint_to_fp32_state_dict",
+    "estimate_zero2_model_states_mem_needs_all_cold",
+    "estimate_zero2_model_states_mem_needs_all_live",
+    "estimate_zero3_model_states_mem_needs_all_cold",
+    "estimate_zero3_model_states_mem_needs_all_live",
     "get_fp32_state_dict_from_zero_checkpoint",
 ]
