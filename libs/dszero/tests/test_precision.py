@@ -101,4 +101,4 @@ def wrong_dtype(rank, world):
 
 def test_model_dtype_must_match_the_precision():
     message = run_ranks(wrong_dtype, 1, timeout=60)[0]
-    assert "parameters are torch.float32 but the precision is bf16; call model.to" in message
+    assert "but the precision is bf16; call model.to(torch.bfloat16)" in message

@@ -39,9 +39,12 @@ def train_zero(rank, world, stage, micro, clip, overlap, bucket, offload=False):
     model = make_model()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
     cfg = ZeroConfig(stage=stage, overlap_comm=overlap, reduce_bucket_size=bucket,
-                     offload_optimizer=OffloadOptimizerConfig(device="cpu") if offload else None)
+                     offload_optimizer=OffloadOptimizerConfig(device="cpu") if offload else None,
+                     stage3_param_persistence_threshold=0)  # partition even the tiny test model's parameters
     zero = dszero.ZeroOptimizer(model, opt, cfg, gradient_clipping=clip)
     assert zero.groups[0].separate_master == offload
+    if stage == 3:
+        assert all(not unit.gathered for unit in zero.groups)  # nothing whole between steps
     losses = []
     for micro_batches in batches(STEPS, micro, world, rank):
         total = 0.0
@@ -52,7 +55,9 @@ def train_zero(rank, world, stage, micro, clip, overlap, bucket, offload=False):
         assert zero.step()
         zero.zero_grad()
         losses.append(total)
-    return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
+    with dszero.GatheredParameters(model.parameters()):
+        weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return losses, weights
 
 
 def both(rank, world, stage, micro, clip, overlap, bucket, offload=False):
@@ -67,12 +72,14 @@ CASES = [
     (1, 2, 0.5, False, 500_000_000),
     (2, 2, 0.5, True, 2000),
     (2, 1, 0.0, True, 500_000_000),
+    (3, 1, 0.0, False, 500_000_000),
+    (3, 2, 0.5, False, 500_000_000),
 ]
 
 
 # Every case at world sizes 1 and 2; the partitioned cases with accumulation also at 4 (4 ranks on
 # this 2-core machine are slow, and the code paths are the same).
-MATRIX = [(world, *case) for case in CASES for world in (1, 2)] + [(4, *CASES[3]), (4, *CASES[4])]
+MATRIX = [(world, *case) for case in CASES for world in (1, 2)] + [(4, *CASES[3]), (4, *CASES[4]), (4, *CASES[7])]
 
 
 @pytest.mark.parametrize(("world", "stage", "micro", "clip", "overlap", "bucket"), MATRIX,

@@ -16,10 +16,12 @@ from .estimators import (
 from .layout import GroupLayout, Slot
 from .optimizer import ZeroOptimizer
 from .precision import DynamicLossScaler, LossScaler, Precision
+from .stage3 import GatheredParameters
 
 __all__ = [
     "CheckpointError",
     "DynamicLossScaler",
+    "GatheredParameters",
     "GroupLayout",
     "LossScaler",
     "Precision",

@@ -24,6 +24,7 @@ from .flat import FlatGroup
 from .layout import GroupLayout
 from .precision import Precision
 from .reducers import BucketReducer, FlatReducer
+from .stage3 import Stage3
 
 
 class ZeroOptimizer:
@@ -48,22 +49,31 @@ class ZeroOptimizer:
         self.scaler = self.precision.make_scaler()
         self.global_grad_norm: float | None = None
         self.skipped_steps = 0
-        self.groups = self._flatten(module, optimizer)
-        self._broadcast_initial_weights()
-        self.reducer = self._make_reducer(gradient_average)
+        if self.stage == 3:
+            if optimizer.state:
+                raise ZeroError("the optimizer already has state (it has stepped); wrap it in ZeroOptimizer first")
+            self._check_dtypes(optimizer)
+            threshold = self.config.stage3_param_persistence_threshold
+            self.reducer = Stage3(module, optimizer, self.process_group, self.precision.master_torch_dtype,
+                                  threshold if isinstance(threshold, int) else 100_000, gradient_average)
+            self.groups = self.reducer.units
+        else:
+            self.groups = self._flatten(module, optimizer)
+            self._broadcast_initial_weights()
+            self.reducer = self._make_reducer(gradient_average)
 
     # ------------------------------------------------------------------ construction
     def _check_supported(self) -> None:
         cfg = self.config
-        if cfg.stage == 3:
-            raise ZeroConfigError("zero_optimization.stage 3 is not available in this version of dszero; "
-                                  "use stage 0, 1 or 2")
         if cfg.param_offload_device != "none":
-            raise ZeroConfigError(f"zero_optimization.offload_param (device {cfg.param_offload_device!r}) needs "
-                                  f"stage 3, which this version of dszero does not have; remove it")
+            raise ZeroConfigError(f"zero_optimization.offload_param (device {cfg.param_offload_device!r}) is not "
+                                  f"available in this version of dszero; remove it")
         if cfg.optimizer_offload_device == "nvme":
-            raise ZeroConfigError("zero_optimization.offload_optimizer.device \"nvme\" needs stage 3, which this "
-                                  "version of dszero does not have; use \"cpu\"")
+            raise ZeroConfigError("zero_optimization.offload_optimizer.device \"nvme\" is not available in this "
+                                  "version of dszero; use \"cpu\"")
+        if cfg.stage == 3 and cfg.optimizer_offload_device != "none":
+            raise ZeroConfigError("zero_optimization.offload_optimizer with stage 3 is not available in this version "
+                                  "of dszero; use stage 1 or 2 for CPU optimizer offload")
         if cfg.optimizer_offload_device == "cpu" and cfg.stage == 0:
             raise ZeroConfigError("zero_optimization.offload_optimizer needs stage 1, 2 or 3 (stage is 0)")
         if self.precision.dtype == "fp32" and self.precision.master_dtype != "fp32":
@@ -85,14 +95,11 @@ class ZeroOptimizer:
                                 f"module.parameters()")
             if not params:
                 raise ZeroError(f"optimizer param group {index} has no trainable parameters")
+            self._check_group_dtypes(index, params)
             dtypes = {p.dtype for p in params}
             if len(dtypes) > 1:
                 raise ZeroError(f"optimizer param group {index} mixes dtypes {sorted(map(str, dtypes))}; cast the model "
                                 f"to one dtype (model.to(dtype)) before wrapping")
-            model_dtype = params[0].dtype
-            if model_dtype != self.precision.torch_dtype:
-                raise ZeroError(f"the model's parameters are {model_dtype} but the precision is {self.precision.dtype}; "
-                                f"call model.to({self.precision.torch_dtype}) first, or choose the matching precision")
             world = self.world if self.stage >= 1 else 1
             layout = GroupLayout.build([names[id(p)] for p in params], [p.shape for p in params], world, alignment)
             shard_rank = self.rank if self.stage >= 1 else 0
@@ -103,6 +110,17 @@ class ZeroOptimizer:
             param_group["params"] = [flat.master_param]
             groups.append(flat)
         return groups
+
+    def _check_dtypes(self, optimizer: torch.optim.Optimizer) -> None:
+        for index, param_group in enumerate(optimizer.param_groups):
+            self._check_group_dtypes(index, [p for p in param_group["params"] if p.requires_grad])
+
+    def _check_group_dtypes(self, index: int, params: list[torch.Tensor]) -> None:
+        wrong = {p.dtype for p in params} - {self.precision.torch_dtype}
+        if wrong:
+            raise ZeroError(f"optimizer param group {index} has parameters of {sorted(map(str, wrong))} but the "
+                            f"precision is {self.precision.dtype}; call model.to({self.precision.torch_dtype}) first, "
+                            f"or choose the matching precision")
 
     def _broadcast_initial_weights(self) -> None:
         # Every rank starts from rank 0's weights, as DDP does.
@@ -178,7 +196,7 @@ class ZeroOptimizer:
     def _share_updated_weights(self) -> None:
         for flat in self.groups:
             flat.master_to_model()
-            if self.stage >= 1 and self.world > 1:
+            if self.stage in (1, 2) and self.world > 1:
                 dscomm.all_gather_into_tensor(flat.model_flat, flat.model_shard().clone(), group=self.process_group,
                                               log_name="zero_allgather_params")
 
@@ -226,8 +244,14 @@ class ZeroOptimizer:
 
     # ------------------------------------------------------------------ memory
     def memory_report(self) -> dict[str, int]:
-        """Bytes this rank holds: parameters, gradients, master weights, optimizer state, comm buffers."""
-        params = sum(f.model_flat.numel() * f.model_flat.element_size() for f in self.groups)
+        """Bytes this rank holds: parameters, gradients, master weights, optimizer state, comm buffers.
+
+        At stage 3 "parameters" is this rank's shards; gathered parameters count as buffers.
+        """
+        if self.stage == 3:
+            params = sum(u.shard.numel() * u.shard.element_size() for u in self.groups)
+        else:
+            params = sum(f.model_flat.numel() * f.model_flat.element_size() for f in self.groups)
         master = sum(f.master.numel() * f.master.element_size() for f in self.groups if f.separate_master)
         state = 0
         for per_param in self.optimizer.state.values():

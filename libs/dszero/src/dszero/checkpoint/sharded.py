@@ -176,7 +176,8 @@ def load(zero: ZeroOptimizer, directory: str | os.PathLike, load_optimizer_state
             if per_param:
                 optimizer_state[index] = per_param
     if load_optimizer_states:
-        groups = [{**hyper, "params": [i]} for i, hyper in enumerate(meta["param_groups"])]
+        current = zero.optimizer.state_dict()["param_groups"]
+        groups = [{**hyper, "params": group["params"]} for hyper, group in zip(meta["param_groups"], current)]
         zero.optimizer.load_state_dict({"state": optimizer_state, "param_groups": groups})
         zero.scaler.load_state_dict(meta["scaler"])
         zero.skipped_steps = int(meta.get("skipped_steps", 0))

@@ -1,0 +1,283 @@
+"""Stage 3: parameters partitioned too, gathered module by module when they are needed.
+
+Each module's own parameters (per optimizer group) form a unit with its own flat buffer, split
+evenly over the ranks. A rank keeps only its shard; the full buffer's storage is allocated by an
+all-gather just before the module runs (forward pre-hook, backward pre-hook) and freed right after
+(forward post-hook; once its gradients are reduced in backward). Units smaller than
+`stage3_param_persistence_threshold` elements stay gathered. Gradients are reduce-scattered unit
+by unit during backward, launched in a fixed order so every rank issues the same collectives.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+import dscomm
+
+from .layout import GroupLayout
+
+_EMPTY = torch.empty(0)
+
+# Modules whose forward uses their children's parameters directly (not by calling the children).
+FUSED_MODULES: tuple[type, ...] = (torch.nn.MultiheadAttention,)
+
+
+class Unit:
+    """One module's parameters of one optimizer group, partitioned over the data-parallel ranks."""
+
+    def __init__(self, module: torch.nn.Module, params: list[torch.nn.Parameter], names: list[str], world: int,
+                 rank: int, master_dtype: torch.dtype, persistent: bool, group: Any):
+        self.module = module
+        self.params = params
+        self.names = names
+        self.layout = GroupLayout.build(names, [p.shape for p in params], world, alignment=4)
+        self.shard_rank = rank
+        self.group = group
+        self.persistent = persistent
+        self.dtype = params[0].dtype
+        self.model_flat = torch.zeros(self.layout.padded_numel, dtype=self.dtype, device=params[0].device)
+        for param, slot in zip(params, self.layout.slots):
+            view = self.model_flat[slot.offset:slot.end].view(slot.shape)
+            view.copy_(param.data)
+            param.data = view
+        if world > 1:  # every rank starts from rank 0's weights
+            dscomm.broadcast(self.model_flat, dist.get_global_rank(group, 0) if group is not None else 0, group=group,
+                             log_name="zero3_broadcast_weights")
+        self.shard = self.model_flat[self.layout.shard_range(rank)[0]:self.layout.shard_range(rank)[1]].clone()
+        self.separate_master = master_dtype != self.dtype
+        self.master = self.shard.to(master_dtype) if self.separate_master else self.shard
+        self.master_param = torch.nn.Parameter(self.master, requires_grad=False)
+        for param in params:
+            param._dszero_unit = self  # lets GatheredParameters find the unit of any parameter
+        self.gathered = True
+        self.grad_shard = torch.zeros_like(self.shard)
+        self.ready: set[int] = set()
+        self.release()
+
+    @property
+    def shard_numel(self) -> int:
+        return self.layout.shard_numel
+
+    def model_shard(self) -> torch.Tensor:
+        return self.shard
+
+    def gather(self) -> None:
+        if self.gathered:
+            return
+        storage = self.model_flat.untyped_storage()
+        storage.resize_(self.layout.padded_numel * self.model_flat.element_size())
+        if dist.get_world_size(self.group) > 1:
+            dscomm.all_gather_into_tensor(self.model_flat, self.shard, group=self.group, log_name="zero3_gather")
+        else:
+            self.model_flat.copy_(self.shard)
+        for param, slot in zip(self.params, self.layout.slots):
+            param.data = self.model_flat[slot.offset:slot.end].view(slot.shape)
+        self.gathered = True
+
+    def release(self) -> None:
+        if self.persistent or not self.gathered:
+            return
+        # Parameters become empty tensors (reading one is an error, never a read of freed memory),
+        # and the buffer's memory goes back to the allocator.
+        for param in self.params:
+            param.data = _EMPTY.to(dtype=self.dtype, device=self.model_flat.device)
+        self.model_flat.untyped_storage().resize_(0)
+        self.gathered = False
+
+    def update_from_full(self) -> None:
+        """After a gathered parameter was modified in place: take this rank's shard from the full buffer."""
+        lo, hi = self.layout.shard_range(self.shard_rank)
+        self.shard.copy_(self.model_flat[lo:hi])
+        if self.separate_master:
+            self.master.copy_(self.shard)
+
+    def master_to_model(self) -> None:
+        if self.separate_master:
+            self.shard.copy_(self.master)
+        if self.gathered:  # persistent units: refresh the whole buffer
+            self.gathered = False
+            self.gather()
+
+    def gathered_bytes(self) -> int:
+        return self.model_flat.numel() * self.model_flat.element_size() if self.gathered else 0
+
+
+class Stage3:
+    """The hooks that gather, release and reduce, and the units they act on."""
+
+    def __init__(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer, group: Any, master_dtype,
+                 persistence_threshold: int, average: bool):
+        self.group = group
+        self.world = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        self.average = average
+        names = {id(p): n for n, p in module.named_parameters()}
+        group_of = {id(p): i for i, g in enumerate(optimizer.param_groups) for p in g["params"] if p.requires_grad}
+        self.units: list[Unit] = []
+        self.units_of_module: dict[int, list[Unit]] = {}
+        self.unit_of_param: dict[int, Unit] = {}
+        per_group: list[list[Unit]] = [[] for _ in optimizer.param_groups]
+        covered: set[int] = set()
+        fused_members: dict[int, list[torch.nn.Parameter]] = {}
+        for submodule in module.modules():
+            if id(submodule) in covered:
+                continue
+            if isinstance(submodule, FUSED_MODULES):
+                # Its forward reads its children's weights without calling them: one unit for all.
+                fused_members[id(submodule)] = list(submodule.parameters())
+                covered.update(id(m) for m in submodule.modules() if m is not submodule)
+        for submodule in module.modules():
+            if id(submodule) in covered:
+                continue
+            candidates = fused_members.get(id(submodule)) or list(submodule.parameters(recurse=False))
+            own = [p for p in candidates if id(p) in group_of and id(p) not in self.unit_of_param]
+            for index in sorted({group_of[id(p)] for p in own}):
+                params = [p for p in own if group_of[id(p)] == index]
+                numel = sum(p.numel() for p in params)
+                unit = Unit(submodule, params, [names[id(p)] for p in params], self.world, self.rank, master_dtype,
+                            numel < persistence_threshold, group)
+                self.units.append(unit)
+                per_group[index].append(unit)
+                for p in params:
+                    self.unit_of_param[id(p)] = unit
+        for submodule in module.modules():
+            if id(submodule) in covered:
+                continue
+            params = fused_members.get(id(submodule)) or list(submodule.parameters(recurse=False))
+            used = {id(self.unit_of_param[id(p)]): self.unit_of_param[id(p)]
+                    for p in params if id(p) in self.unit_of_param}
+            if used:
+                self.units_of_module[id(submodule)] = list(used.values())
+                submodule.register_forward_pre_hook(self._before_forward)
+                submodule.register_forward_hook(self._after_forward)
+                submodule.register_full_backward_pre_hook(self._before_backward)
+        for index, units in enumerate(per_group):
+            optimizer.param_groups[index]["params"] = [u.master_param for u in units]
+        # Listed as the optimizer enumerates its parameters, which is how its state_dict numbers them.
+        self.units = [unit for units in per_group for unit in units]
+        self.order = list(reversed(self.units))  # gradients arrive last layer first
+        self.position = {id(u): i for i, u in enumerate(self.order)}
+        self.next_unit = 0
+        self.callback_queued = False
+        for unit in self.units:
+            for index, param in enumerate(unit.params):
+                param.register_post_accumulate_grad_hook(self._grad_hook(unit, index))
+
+    # ------------------------------------------------------------------ hooks
+    def _before_forward(self, module, args):
+        for unit in self.units_of_module[id(module)]:
+            unit.gather()
+
+    def _after_forward(self, module, args, output):
+        # Released now; the backward pre-hook gathers them again before autograd reads them.
+        for unit in self.units_of_module[id(module)]:
+            unit.release()
+
+    def _before_backward(self, module, grad_output):
+        for unit in self.units_of_module[id(module)]:
+            unit.gather()
+
+    def _grad_hook(self, unit: Unit, index: int):
+        def hook(param):
+            if not self.callback_queued:
+                self.callback_queued = True
+                torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+            unit.ready.add(index)
+            self._launch_ready()
+        return hook
+
+    def _launch_ready(self) -> None:
+        while self.next_unit < len(self.order):
+            unit = self.order[self.next_unit]
+            if len(unit.ready) < len(unit.params):
+                return
+            self._reduce(unit)
+            self.next_unit += 1
+
+    def _end_of_backward(self) -> None:
+        while self.next_unit < len(self.order):
+            self._reduce(self.order[self.next_unit])
+            self.next_unit += 1
+        self.next_unit = 0
+        self.callback_queued = False
+        for unit in self.units:
+            unit.release()
+
+    def _reduce(self, unit: Unit) -> None:
+        flat = torch.zeros(unit.layout.padded_numel, dtype=unit.dtype, device=unit.shard.device)
+        for param, slot in zip(unit.params, unit.layout.slots):
+            if param.grad is not None:
+                flat[slot.offset:slot.end].copy_(param.grad.reshape(-1))
+                param.grad = None
+        unit.ready.clear()
+        if self.world > 1:
+            out = torch.empty_like(unit.grad_shard)
+            op = dscomm.ReduceOp.AVG if self.average else dscomm.ReduceOp.SUM
+            dscomm.reduce_scatter_tensor(out, flat, op=op, group=self.group, log_name="zero3_reduce_scatter")
+            unit.grad_shard.add_(out)
+        else:
+            unit.grad_shard.add_(flat)
+        unit.release()
+
+    # ------------------------------------------------------------------ for the optimizer
+    def grad_shards(self) -> list[torch.Tensor]:
+        return [u.grad_shard for u in self.units]
+
+    def zero(self) -> None:
+        for unit in self.units:
+            unit.grad_shard.zero_()
+            for param in unit.params:
+                param.grad = None
+
+    def reduce(self) -> list[torch.Tensor]:
+        return self.grad_shards()
+
+    def buffer_bytes(self) -> int:
+        return sum(u.grad_shard.numel() * u.grad_shard.element_size() for u in self.units)
+
+    def comm_buffer_bytes(self) -> int:
+        return sum(u.gathered_bytes() for u in self.units)
+
+
+class GatheredParameters:
+    """Gather stage-3 parameters for reading (or, with modifier_rank, writing) outside forward/backward.
+
+        with dszero.GatheredParameters(model.parameters()):
+            torch.save(model.state_dict(), path)          # every rank sees the whole weights
+        with dszero.GatheredParameters(model.head.weight, modifier_rank=0):
+            if rank == 0: model.head.weight.zero_()       # rank 0's change reaches every shard
+
+    Collective: every rank of the data-parallel group enters it with the same parameters. Parameters
+    that are not partitioned (stages 0-2, or not under ZeRO) pass through untouched.
+    """
+
+    def __init__(self, params: Any, modifier_rank: int | None = None, fwd_module: Any = None, enabled: bool = True):
+        if isinstance(params, torch.Tensor):
+            params = [params]
+        units: dict[int, Unit] = {}
+        for param in params:
+            unit = getattr(param, "_dszero_unit", None)
+            if unit is not None:
+                units.setdefault(id(unit), unit)
+        self.units = list(units.values()) if enabled else []
+        self.modifier_rank = modifier_rank
+        self.was_gathered: list[bool] = []
+
+    def __enter__(self) -> GatheredParameters:
+        self.was_gathered = [unit.gathered for unit in self.units]
+        for unit in self.units:
+            unit.gather()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for unit, was in zip(self.units, self.was_gathered):
+            if self.modifier_rank is not None:
+                src = dist.get_global_rank(unit.group, self.modifier_rank) if unit.group is not None else self.modifier_rank
+                if dist.get_world_size(unit.group) > 1:
+                    dscomm.broadcast(unit.model_flat, src, group=unit.group, log_name="zero3_modified_params")
+                unit.update_from_full()
+            if not was:
+                unit.release()

@@ -1,0 +1,67 @@
+"""Stage 3 specifics: parameters are released between uses, and GatheredParameters reads and writes them."""
+
+import torch
+from models import batches, loss_of, make_model
+
+import dszero
+from dscomm.testing import run_ranks
+from dsconfig import ZeroConfig
+
+
+def make(rank, world, threshold=0):
+    model = make_model()
+    zero = dszero.ZeroOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                                ZeroConfig(stage=3, stage3_param_persistence_threshold=threshold))
+    return model, zero
+
+
+def released_between_uses(rank, world):
+    full = sum(p.numel() for p in make_model().parameters())
+    model, zero = make(rank, world)
+    held = sum(p.numel() for p in model.parameters())  # released: every parameter is an empty tensor
+    tokens = next(batches(1, 1, world, rank))[0]
+    zero.backward(loss_of(model, tokens))
+    zero.step()
+    after = sum(p.numel() for p in model.parameters())
+    shards = sum(u.shard.numel() for u in zero.groups)
+    return full, held, after, shards
+
+
+def test_parameters_are_released_and_partitioned():
+    for full, held, after, shards in run_ranks(released_between_uses, 2, timeout=60):
+        assert held == 0 and after == 0
+        assert shards < 0.6 * full  # about half of the model per rank (padding aside)
+
+
+def gathered_read_and_write(rank, world):
+    model, _zero = make(rank, world)
+    with dszero.GatheredParameters(model.parameters()):
+        before = model.head.weight.detach().clone()
+    with dszero.GatheredParameters(model.head.weight, modifier_rank=1):
+        if rank == 1:
+            with torch.no_grad():
+                model.head.weight.fill_(0.5)
+    with dszero.GatheredParameters([model.head.weight]):
+        after = model.head.weight.detach().clone()
+    released = model.head.weight.numel()
+    return before, after, released
+
+
+def test_gathered_parameters_reads_and_writes_across_ranks():
+    results = run_ranks(gathered_read_and_write, 2, timeout=60)
+    (before0, after0, released0), (before1, after1, _) = results
+    assert torch.equal(before0, before1) and before0.shape == (64, 32)
+    assert torch.all(after0 == 0.5) and torch.all(after1 == 0.5)  # rank 1's write reached rank 0
+    assert released0 == 0
+
+
+def persistent_small_units(rank, world):
+    _model, zero = make(rank, world, threshold=10_000)
+    return sorted((unit.persistent, unit.names[0]) for unit in zero.groups)
+
+
+def test_small_units_stay_gathered_under_the_persistence_threshold():
+    units = run_ranks(persistent_small_units, 1, timeout=60)[0]
+    persistent = [name for keep, name in units if keep]
+    assert "blocks.0.norm1.weight" in persistent and "head.weight" in persistent  # 2*32 and 64*32+64 elements
+    assert all(keep for keep, _ in units)
