@@ -61,7 +61,22 @@ def run(rank: int, world: int, kind: str, steps: int) -> dict:
     torch.manual_seed(0)
     model = GPT()
     start_rss = rss_mb()
-    if kind == "ddp":
+    if kind == "fsdp2":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh("cpu", (world,))
+        for block in model.blocks:
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+
+        def step(tokens):
+            loss = nn.functional.cross_entropy(model(tokens[:, :-1]).reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    elif kind == "ddp":
         trainer = DDP(model)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
 
@@ -80,6 +95,7 @@ def run(rank: int, world: int, kind: str, steps: int) -> dict:
         else:
             optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
         cfg = ZeroConfig(stage=stage, overlap_comm=stage == 2, reduce_bucket_size=5_000_000,
+                         stage3_param_persistence_threshold=100_000,
                          offload_optimizer=OffloadOptimizerConfig(device="cpu", pin_memory=False) if offload else None)
         zero = dszero.ZeroOptimizer(model, optimizer, cfg)
 
@@ -97,7 +113,7 @@ def run(rank: int, world: int, kind: str, steps: int) -> dict:
         step(tokens)
         if i >= 2:
             times.append(time.perf_counter() - began)
-    states = zero.memory_report() if kind != "ddp" else None
+    states = zero.memory_report() if kind not in ("ddp", "fsdp2") else None
     return {"step_s": statistics.median(times), "peak_rss_mb": rss_mb(), "rss_growth_mb": rss_mb() - start_rss,
             "params": sum(p.numel() for p in model.parameters()), "model_states": states}
 
@@ -110,26 +126,31 @@ def main() -> None:
     args = parser.parse_args()
     kinds = args.kinds.split(",")
     ratios: dict[str, list[float]] = {k: [] for k in kinds}
-    rows: dict[str, list[dict]] = {k: [] for k in ["ddp", *kinds]}
+    rows: dict[str, list[dict]] = {k: [] for k in ["ddp", "fsdp2", *kinds]}
     for _ in range(args.rounds):
         for kind in kinds:
-            ddp = max(run_ranks(run, 2, "ddp", args.steps, timeout=3600), key=lambda r: r["step_s"])
+            # Stage 3 is compared with FSDP2 (both shard parameters), the others with DDP.
+            anchor_kind = "fsdp2" if kind == "zero3" else "ddp"
+            anchor = max(run_ranks(run, 2, anchor_kind, args.steps, timeout=3600), key=lambda r: r["step_s"])
             other = max(run_ranks(run, 2, kind, args.steps, timeout=3600), key=lambda r: r["step_s"])
-            rows["ddp"].append(ddp)
+            rows.setdefault(anchor_kind, []).append(anchor)
             rows[kind].append(other)
-            ratios[kind].append(other["step_s"] / ddp["step_s"])
-    params = rows["ddp"][0]["params"]
+            ratios[kind].append(other["step_s"] / anchor["step_s"])
+    params = next(r for r in rows.values() if r)[0]["params"]
     print(f"GPT {params / 1e6:.1f}M parameters, 2 gloo ranks, fp32, micro-batch {MICRO} x {SEQ}; "
-          f"{args.steps} timed steps, {args.rounds} round(s); ratio = config / DDP in the same round")
-    print(f"{'config':<16}{'step (s)':>10}{'x DDP':>8}{'peak RSS/rank (MB)':>20}{'model states/rank (MB)':>24}")
-    for kind in ["ddp", *kinds]:
+          f"{args.steps} timed steps, {args.rounds} round(s); ratio = config / anchor (DDP, or FSDP2 for "
+          f"zero3) in the same round")
+    print(f"{'config':<16}{'step (s)':>10}{'x anchor':>10}{'peak RSS/rank (MB)':>20}{'model states/rank (MB)':>24}")
+    for kind in [k for k in rows if rows[k]]:
         step = statistics.median(r["step_s"] for r in rows[kind])
-        ratio = f"{statistics.median(ratios[kind]):.2f}" if kind != "ddp" else "1.00"
+        ratio = f"{statistics.median(ratios[kind]):.2f}" if kind in ratios else "1.00"
         states = rows[kind][0]["model_states"]
-        state_mb = f"{(states['total'] - states['communication_buffers']) / 2**20:.0f}" if states else \
-            f"{16 * params / 2**20:.0f} (16 B/param)"
+        if states:
+            state_mb = f"{(states['total'] - states['communication_buffers']) / 2**20:.0f}"
+        else:  # DDP holds 16 B per parameter; FSDP2 shards all of it
+            state_mb = f"{16 * params / 2**20 / (2 if kind == 'fsdp2' else 1):.0f} (formula)"
         peak = statistics.median(r["peak_rss_mb"] for r in rows[kind])
-        print(f"{kind:<16}{step:>10.3f}{ratio:>8}{peak:>20.0f}{state_mb:>24}")
+        print(f"{kind:<16}{step:>10.3f}{ratio:>10}{peak:>20.0f}{state_mb:>24}")
 
 
 if __name__ == "__main__":

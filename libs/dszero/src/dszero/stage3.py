@@ -10,6 +10,7 @@ by unit during backward, launched in a fixed order so every rank issues the same
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -20,6 +21,11 @@ import dscomm
 from .layout import GroupLayout
 
 _EMPTY = torch.empty(0)
+
+# The embedding's input (token ids) never requires grad, so torch notes that its backward pre-hook
+# fires on output gradients; that is exactly what stage 3 wants, so the note is noise here.
+warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed with respect "
+                                          "to module outputs since no inputs require gradients")
 
 # Modules whose forward uses their children's parameters directly (not by calling the children).
 FUSED_MODULES: tuple[type, ...] = (torch.nn.MultiheadAttention,)
