@@ -28,6 +28,14 @@ from .stage3 import Stage3
 
 
 class ZeroOptimizer:
+    """ZeRO over `group` (default: dscomm's data-parallel group).
+
+    precision: a `Precision` or "fp32" / "fp16" / "bf16" (the model must already be in that dtype).
+    gradient_clipping: clip the global gradient norm to this value (0 disables).
+    aio: keyword arguments of `dsaio.aio_handle`, reserved for NVMe offload (not in this version).
+    gradient_average: average gradients over the ranks (False: sum them).
+    """
+
     def __init__(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer, config: ZeroConfig | None = None,
                  *, precision: Precision | str | None = None, gradient_clipping: float = 0.0, group: Any = None,
                  aio: Any = None, gradient_average: bool = True, grad_accum_dtype: torch.dtype | None = None):
