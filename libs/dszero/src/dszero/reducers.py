@@ -19,6 +19,7 @@ import torch.distributed as dist
 import dscomm
 
 from .flat import FlatGroup
+from .ordered import InOrderLauncher
 
 
 class FlatReducer:
@@ -100,7 +101,6 @@ class _Bucket:
             self.segments.append((rank, pieces, cursor, cursor + size))
             cursor += size
         self.numel = cursor
-        self.ready: set[int] = set()
 
 
 class BucketReducer:
@@ -133,10 +133,10 @@ class BucketReducer:
         dtype = groups[0].dtype if groups else torch.float32
         device = groups[0].model_flat.device if groups else torch.device("cpu")
         self.staging = [torch.zeros(largest, dtype=dtype, device=device) for _ in range(2 if overlap else 1)]
-        self.next_bucket = 0
         self.turn = 0
         self.in_flight: list[tuple[_Bucket, torch.Tensor, list[Any]]] = []
-        self.callback_queued = False
+        self.launcher = InOrderLauncher([len(b.params) for b in self.buckets],
+                                        lambda i: self._launch(self.buckets[i]), self.finish)
         self.hooks = []
         for group in groups:
             for param in group.params:
@@ -150,24 +150,8 @@ class BucketReducer:
 
     # ------------------------------------------------------------------ during backward
     def _on_grad(self, param: torch.nn.Parameter) -> None:
-        if not self.callback_queued:
-            self.callback_queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
         bucket_index, index = self.where[id(param)]
-        self.buckets[bucket_index].ready.add(index)
-        while self.next_bucket < len(self.buckets):
-            bucket = self.buckets[self.next_bucket]
-            if len(bucket.ready) < len(bucket.params):
-                break
-            self._launch(bucket)
-            self.next_bucket += 1
-
-    def _end_of_backward(self) -> None:
-        # Parameters that received no gradient this pass count as zeros.
-        while self.next_bucket < len(self.buckets):
-            self._launch(self.buckets[self.next_bucket])
-            self.next_bucket += 1
-        self.finish()
+        self.launcher.mark_ready(bucket_index, index)
 
     def _launch(self, bucket: _Bucket) -> None:
         group = self.groups[bucket.group_index]
@@ -196,7 +180,6 @@ class BucketReducer:
             dst = dist.get_global_rank(self.process_group, rank) if self.process_group is not None else rank
             handles.append(dscomm.reduce(staging[seg_lo:seg_hi], dst, group=self.process_group,
                                          async_op=self.overlap, log_name="zero_reduce_bucket"))
-        bucket.ready.clear()
         self.in_flight.append((bucket, staging, handles))
         if not self.overlap:
             self._complete(self.in_flight.pop(0))
@@ -221,8 +204,6 @@ class BucketReducer:
     def finish(self) -> None:
         while self.in_flight:
             self._complete(self.in_flight.pop(0))
-        self.next_bucket = 0
-        self.callback_queued = False
 
     # ------------------------------------------------------------------ at the step
     def reduce(self) -> list[torch.Tensor]:

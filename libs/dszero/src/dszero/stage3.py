@@ -19,6 +19,7 @@ import torch.distributed as dist
 import dscomm
 
 from .layout import GroupLayout
+from .ordered import InOrderLauncher
 
 _EMPTY = torch.empty(0)
 
@@ -60,7 +61,6 @@ class Unit:
             param._dszero_unit = self  # lets GatheredParameters find the unit of any parameter
         self.gathered = True
         self.grad_shard = torch.zeros_like(self.shard)
-        self.ready: set[int] = set()
         self.release()
 
     @property
@@ -165,12 +165,11 @@ class Stage3:
         # Listed as the optimizer enumerates its parameters, which is how its state_dict numbers them.
         self.units = [unit for units in per_group for unit in units]
         self.order = list(reversed(self.units))  # gradients arrive last layer first
-        self.position = {id(u): i for i, u in enumerate(self.order)}
-        self.next_unit = 0
-        self.callback_queued = False
-        for unit in self.units:
+        self.launcher = InOrderLauncher([len(u.params) for u in self.order], lambda i: self._reduce(self.order[i]),
+                                        self._release_all)
+        for position, unit in enumerate(self.order):
             for index, param in enumerate(unit.params):
-                param.register_post_accumulate_grad_hook(self._grad_hook(unit, index))
+                param.register_post_accumulate_grad_hook(self._grad_hook(position, index))
 
     # ------------------------------------------------------------------ hooks
     def _before_forward(self, module, args):
@@ -186,29 +185,12 @@ class Stage3:
         for unit in self.units_of_module[id(module)]:
             unit.gather()
 
-    def _grad_hook(self, unit: Unit, index: int):
+    def _grad_hook(self, position: int, index: int):
         def hook(param):
-            if not self.callback_queued:
-                self.callback_queued = True
-                torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
-            unit.ready.add(index)
-            self._launch_ready()
+            self.launcher.mark_ready(position, index)
         return hook
 
-    def _launch_ready(self) -> None:
-        while self.next_unit < len(self.order):
-            unit = self.order[self.next_unit]
-            if len(unit.ready) < len(unit.params):
-                return
-            self._reduce(unit)
-            self.next_unit += 1
-
-    def _end_of_backward(self) -> None:
-        while self.next_unit < len(self.order):
-            self._reduce(self.order[self.next_unit])
-            self.next_unit += 1
-        self.next_unit = 0
-        self.callback_queued = False
+    def _release_all(self) -> None:
         for unit in self.units:
             unit.release()
 
@@ -218,7 +200,6 @@ class Stage3:
             if param.grad is not None:
                 flat[slot.offset:slot.end].copy_(param.grad.reshape(-1))
                 param.grad = None
-        unit.ready.clear()
         if self.world > 1:
             out = torch.empty_like(unit.grad_shard)
             op = dscomm.ReduceOp.AVG if self.average else dscomm.ReduceOp.SUM
