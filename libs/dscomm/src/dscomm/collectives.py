@@ -91,25 +91,17 @@ def _run(op: str, *, tensor: torch.Tensor | None, nbytes: int, group: Any, async
 
 
 def _native_or_emulated(op, tensor, group, native, emulated):
-    if emulated is None or tensor is None or not emulation.any_emulated():
-        try:
-            return native()
-        except (RuntimeError, NotImplementedError, ValueError) as exc:
-            if emulated is None or tensor is None or not emulation.is_unsupported_error(exc):
-                raise
-            emulation.remember_missing(dist.get_backend(group), op, tensor.dtype, exc)
-            emulated()
-            return None
-    backend = dist.get_backend(group)
-    if emulation.should_emulate(backend, op, tensor.dtype):
+    can_emulate = emulated is not None and tensor is not None
+    # The backend lookup happens only once something was refused or forced: the common path pays nothing.
+    if can_emulate and emulation.any_emulated() and emulation.should_emulate(dist.get_backend(group), op, tensor.dtype):
         emulated()
         return None
     try:
         return native()
     except (RuntimeError, NotImplementedError, ValueError) as exc:
-        if not emulation.is_unsupported_error(exc):
+        if not (can_emulate and emulation.is_unsupported_error(exc)):
             raise
-        emulation.remember_missing(backend, op, tensor.dtype, exc)
+        emulation.remember_missing(dist.get_backend(group), op, tensor.dtype, exc)
     emulated()
     return None
 

@@ -21,8 +21,6 @@ import dscomm
 from .layout import GroupLayout
 from .ordered import InOrderLauncher
 
-_EMPTY = torch.empty(0)
-
 # The embedding's input (token ids) never requires grad, so torch notes that its backward pre-hook
 # fires on output gradients; that is exactly what stage 3 wants, so the note is noise here.
 warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed with respect "
@@ -61,6 +59,7 @@ class Unit:
             param._dszero_unit = self  # lets GatheredParameters find the unit of any parameter
         self.gathered = True
         self.grad_shard = torch.zeros_like(self.shard)
+        self.empty = torch.empty(0, dtype=self.dtype, device=self.model_flat.device)  # what released params hold
         self.release()
 
     @property
@@ -89,7 +88,7 @@ class Unit:
         # Parameters become empty tensors (reading one is an error, never a read of freed memory),
         # and the buffer's memory goes back to the allocator.
         for param in self.params:
-            param.data = _EMPTY.to(dtype=self.dtype, device=self.model_flat.device)
+            param.data = self.empty
         self.model_flat.untyped_storage().resize_(0)
         self.gathered = False
 

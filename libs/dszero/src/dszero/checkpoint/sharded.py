@@ -141,34 +141,24 @@ def load(zero: ZeroOptimizer, directory: str | os.PathLike, load_optimizer_state
     meta = read_meta(path)
     layouts = [_layout_from_json(d) for d in meta["layouts"]]
     _check_same_model(zero, layouts, path)
-    saved_world = meta["world_size"]
-    files: dict[int, dict[str, torch.Tensor]] = {}
-
-    def shard(old_rank: int) -> dict[str, torch.Tensor]:
-        if old_rank not in files:
-            file = path / shard_name(old_rank, saved_world)
-            if not file.is_file():
-                raise CheckpointError(f"{path}: shard {file.name} of the {saved_world}-rank checkpoint is missing")
-            files[old_rank] = dsaio.load(file, framework="pt")
-        return files[old_rank]
-
+    shards = ShardFiles(path, meta["world_size"])
     new_world = zero.world if zero.stage >= 1 else 1
     my_rank = zero.rank if zero.stage >= 1 else 0
-    state_keys = _state_keys(path, saved_world)
+    state_keys = shards.state_keys()
+    scalars = shards.scalars()
     optimizer_state: dict[int, dict[str, Any]] = {}
     for index, (flat, old) in enumerate(zip(zero.groups, layouts)):
         reads = reshard_reads(old, new_world, my_rank)
         master = torch.zeros(flat.shard_numel, dtype=torch.float32)
-        _gather_pieces(master, reads, lambda r, i=index: shard(r)[f"group{i}.master"])
+        _gather_pieces(master, reads, lambda r, i=index: shards.tensors(r)[f"group{i}.master"])
         flat.master.copy_(master)
         if load_optimizer_states:
             per_param: dict[str, Any] = {}
             for key in state_keys.get(index, []):
-                sample = shard(0)[f"group{index}.state.{key}"]
+                sample = shards.tensors(0)[f"group{index}.state.{key}"]
                 value = torch.zeros(flat.shard_numel, dtype=sample.dtype)
-                _gather_pieces(value, reads, lambda r, i=index, k=key: shard(r)[f"group{i}.state.{k}"])
+                _gather_pieces(value, reads, lambda r, i=index, k=key: shards.tensors(r)[f"group{i}.state.{k}"])
                 per_param[key] = value
-            scalars = json.loads(_shard_metadata(path, saved_world)["scalars"])
             for name, value in scalars.items():
                 group_index, key = name.split(".", 1)
                 if int(group_index) == index:
@@ -191,18 +181,37 @@ def _gather_pieces(target: torch.Tensor, reads, source) -> None:
         target[at: at + end - start].copy_(source(old_rank)[start:end].to(target.dtype))
 
 
-def _state_keys(path: Path, world: int) -> dict[int, list[str]]:
-    tensors = dsaio.load(path / shard_name(0, world), framework="pt")
-    keys: dict[int, list[str]] = {}
-    for name in tensors:
-        group, kind, *rest = name.split(".", 2)
-        if kind == "state":
-            keys.setdefault(int(group.removeprefix("group")), []).append(rest[0])
-    return keys
+class ShardFiles:
+    """The shard files of one checkpoint, each read once, on first use."""
 
+    def __init__(self, path: Path, world: int):
+        self.path = path
+        self.world = world
+        self._loaded: dict[int, tuple[dict[str, torch.Tensor], dict[str, str]]] = {}
 
-def _shard_metadata(path: Path, world: int) -> dict[str, str]:
-    return dsaio.load_with_metadata(path / shard_name(0, world), framework="pt")[1]
+    def _load(self, rank: int) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+        if rank not in self._loaded:
+            file = self.path / shard_name(rank, self.world)
+            if not file.is_file():
+                raise CheckpointError(f"{self.path}: shard {file.name} of the {self.world}-rank checkpoint is missing")
+            self._loaded[rank] = dsaio.load_with_metadata(file, framework="pt")
+        return self._loaded[rank]
+
+    def tensors(self, rank: int) -> dict[str, torch.Tensor]:
+        return self._load(rank)[0]
+
+    def scalars(self) -> dict[str, Any]:
+        """Per-group optimizer scalars (step counts), the same on every rank: read from shard 0."""
+        return json.loads(self._load(0)[1]["scalars"])
+
+    def state_keys(self) -> dict[int, list[str]]:
+        """Optimizer state names per group (exp_avg, ...), from shard 0's tensor names."""
+        keys: dict[int, list[str]] = {}
+        for name in self.tensors(0):
+            group, kind, *rest = name.split(".", 2)
+            if kind == "state":
+                keys.setdefault(int(group.removeprefix("group")), []).append(rest[0])
+        return keys
 
 
 def _check_same_model(zero: ZeroOptimizer, layouts: list[GroupLayout], path: Path) -> None:

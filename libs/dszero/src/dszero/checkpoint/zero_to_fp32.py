@@ -14,7 +14,7 @@ import torch
 import dsaio
 
 from ..errors import CheckpointError
-from .sharded import _layout_from_json, read_meta, resolve_directory, shard_name
+from .sharded import ShardFiles, _layout_from_json, read_meta, resolve_directory
 
 
 def _checkpoint_dir(checkpoint_dir: str | os.PathLike, tag: str | None) -> Path:
@@ -29,13 +29,8 @@ def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir: str | os.PathLike, 
     """{parameter name: fp32 tensor} from every shard of the checkpoint."""
     path = _checkpoint_dir(checkpoint_dir, tag)
     meta = read_meta(path)
-    world = meta["world_size"]
-    shards = []
-    for rank in range(world):
-        file = path / shard_name(rank, world)
-        if not file.is_file():
-            raise CheckpointError(f"{path}: shard {file.name} of the {world}-rank checkpoint is missing")
-        shards.append(dsaio.load(file, framework="pt"))
+    files = ShardFiles(path, meta["world_size"])
+    shards = [files.tensors(rank) for rank in range(meta["world_size"])]
     state: dict[str, torch.Tensor] = {}
     for index, data in enumerate(meta["layouts"]):
         layout = _layout_from_json(data)
