@@ -148,6 +148,11 @@ class ZeroOptimizer:
 
     # ------------------------------------------------------------------ training
     @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        """The wrapped optimizer's parameter groups (lr, betas, ...), as torch optimizers expose them."""
+        return self.optimizer.param_groups
+
+    @property
     def loss_scale(self) -> float:
         return self.scaler.scale
 
