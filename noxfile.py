@@ -26,6 +26,7 @@ LAYERS: dict[str, set[str]] = {
     "dscomm": {"dsconfig"},
     "dsmonitor": {"dsconfig"},
     "dszero": {"dsconfig", "dscomm", "dsaio"},
+    "dstrain": {"dsconfig", "dscomm", "dsaio", "dsmonitor", "dszero"},
 }
 
 # A library tested a second time with another extra: session name -> (library, extra, modules that

@@ -10,6 +10,8 @@ from ._version import __version__
 from .config import DeepSpeedConfig
 from .errors import ConfigError, ConfigWarning, Problem
 from .fields import AUTO
+from .jsonio import read_source
+from .keys import requested_unsupported
 from .loader import load
 from .schema import json_schema
 from .sections import (
@@ -54,6 +56,8 @@ from .sections import (
 DeepSpeedConfigError = ConfigError  # DeepSpeed's name
 
 __all__ = [
+    "read_source",
+    "requested_unsupported",
     "AUTO",
     "ActivationCheckpointingConfig",
     "AioConfig",

@@ -281,3 +281,28 @@ def _suggestion(key: str, fields: dict, path: str) -> str:
     if close:
         return f" (did you mean '{close[0]}'?)"
     return ""
+
+
+def requested_unsupported(raw: dict) -> list[Problem]:
+    """The unsupported keys of `raw` whose value asks for the feature (not false, null, empty or enabled: false).
+
+    A loader may ignore unsupported keys with a warning; an engine must refuse the ones that turn
+    a feature on, since training without it would silently differ from what the config says.
+    """
+    problems = []
+    for (section, key), known in KNOWN_KEYS.items():
+        if known.kind != "unsupported":
+            continue
+        holder = raw if section == "" else raw.get(section)
+        if not isinstance(holder, dict) or key not in holder or not _is_request(holder[key]):
+            continue
+        path = f"{section}.{key}" if section else key
+        problems.append(Problem(path, f"asks for a feature dstrain does not provide ({known.reason}); remove "
+                                      f"the key or turn it off", holder[key]))
+    return problems
+
+
+def _is_request(value: Any) -> bool:
+    if isinstance(value, dict):
+        return bool(value) and value.get("enabled", True) not in (False, "false")
+    return value not in (None, False, 0, "", [])

@@ -1,0 +1,18 @@
+"""The facade's errors: each names the argument, key or file at fault and what would be valid."""
+
+from dsconfig import ConfigError
+
+
+class DstrainError(RuntimeError):
+    """A training script asked the engine for something it cannot do as asked."""
+
+
+class UnsupportedFeatureError(ConfigError):
+    """A config key turns on a feature that no installed dstrain library provides."""
+
+
+class CheckpointLoadError(DstrainError):
+    """A checkpoint that is missing, incomplete, or does not match the engine."""
+
+
+__all__ = ["CheckpointLoadError", "ConfigError", "DstrainError", "UnsupportedFeatureError"]

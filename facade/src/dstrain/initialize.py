@@ -1,0 +1,51 @@
+"""`initialize()`: DeepSpeed's entry point, with DeepSpeed's arguments and return values."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+import dscomm
+from dsconfig import ConfigError, Problem
+
+from .config_source import load_config, pick_source
+from .engine import DeepSpeedEngine
+from .errors import DstrainError
+from .feature_gate import check_features, raw_dict
+
+
+def initialize(args: Any = None, model: torch.nn.Module | None = None, optimizer: Any = None,
+               model_parameters: Any = None, training_data: Any = None, lr_scheduler: Any = None,
+               distributed_port: int = 29500, mpu: Any = None, dist_init_required: bool | None = None,
+               collate_fn: Any = None, config: Any = None, mesh_param: Any = None, config_params: Any = None,
+               *, strict_config: bool = False) -> tuple[DeepSpeedEngine, Any, Any, Any]:
+    """Build the training engine: returns (engine, optimizer, training_dataloader, lr_scheduler).
+
+    The config comes from `config` (a path, a dict or a base64 string), `config_params`, or
+    `args.deepspeed_config`. Unknown config keys warn (strict_config=True makes them errors);
+    a key that turns on a feature dstrain lacks is always an error.
+    """
+    if model is None:
+        raise TypeError("initialize() needs model=<your torch.nn.Module>")
+    if mpu is not None or mesh_param is not None:
+        raise DstrainError("initialize(mpu=..., mesh_param=...): model/tensor parallelism is not part of dstrain yet; "
+                           "remove the argument to train data-parallel")
+    _start_distributed(distributed_port, dist_init_required)
+    group = dscomm.groups.get_data_parallel_group()
+    source = pick_source(args, config, config_params)
+    cfg = load_config(source, torch.distributed.get_world_size(group), strict=strict_config)
+    check_features(cfg, raw_dict(source))
+    engine = DeepSpeedEngine(model=model, config=cfg, optimizer=optimizer, model_parameters=model_parameters,
+                             training_data=training_data, lr_scheduler=lr_scheduler, collate_fn=collate_fn,
+                             data_parallel_group=group)
+    return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler
+
+
+def _start_distributed(port: int, required: bool | None) -> None:
+    if dscomm.is_initialized():
+        return
+    if required is False and torch.distributed.is_initialized() is False:
+        raise ConfigError(Problem("dist_init_required", "is False but torch.distributed is not initialized: call "
+                                                        "dstrain.init_distributed() first or leave it None"))
+    dscomm.init_distributed(distributed_port=port, dist_init_required=required)

@@ -1,0 +1,57 @@
+"""The config's precision sections turned into what the engine does: the model's dtype, dszero's
+`Precision`, input casting for fp16.auto_cast, and the torch.autocast context."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+
+from dsconfig import DeepSpeedConfig
+from dszero import Precision
+
+_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+_AUTOCAST_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class PrecisionSetup:
+    def __init__(self, cfg: DeepSpeedConfig, device: torch.device):
+        self.precision = Precision.from_config(cfg.fp16, cfg.bf16)
+        self.model_dtype = _DTYPES[self.precision.dtype]
+        self.auto_cast = bool(cfg.fp16.enabled is True and cfg.fp16.auto_cast)
+        self.autocast_enabled = cfg.torch_autocast.enabled
+        self.autocast_dtype = _AUTOCAST_DTYPES[cfg.torch_autocast.dtype]
+        self.device = device
+        grad_dtype = cfg.data_types.grad_accum_dtype
+        self.grad_accum_dtype = _DTYPES[grad_dtype] if grad_dtype else None
+
+    @property
+    def fp16(self) -> bool:
+        return self.precision.dtype == "fp16"
+
+    @property
+    def bf16(self) -> bool:
+        return self.precision.dtype == "bf16"
+
+    def prepare_module(self, module: torch.nn.Module) -> None:
+        """The model in its training dtype (fp16 / bf16 cast in place, parameters keep their identity)."""
+        if self.model_dtype != torch.float32:
+            module.to(self.model_dtype)
+
+    def cast_inputs(self, value: Any) -> Any:
+        """fp16.auto_cast: floating-point inputs become fp16, nested in lists, tuples and dicts."""
+        if not self.auto_cast:
+            return value
+        if torch.is_tensor(value):
+            return value.half() if value.is_floating_point() else value
+        if isinstance(value, (list, tuple)):
+            return type(value)(self.cast_inputs(v) for v in value)
+        if isinstance(value, dict):
+            return {k: self.cast_inputs(v) for k, v in value.items()}
+        return value
+
+    def forward_context(self):
+        if not self.autocast_enabled:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
