@@ -1,0 +1,6 @@
+"""The `dstrain` launcher (DeepSpeed's `deepspeed` command): hostfiles, filters, per-node torchrun."""
+
+from .errors import HostfileError, LaunchError
+from .hostfile import parse_hostfile, parse_hostfile_text, select_resources
+
+__all__ = ["HostfileError", "LaunchError", "parse_hostfile", "parse_hostfile_text", "select_resources"]

@@ -1,0 +1,109 @@
+"""The node agent: runs one node's torchrun and guarantees that none of its processes outlive it.
+
+    python _node.py [--watch-stdin] [--grace SECONDS] -- COMMAND...
+
+It is started by the `dstrain` launcher on every node (as a local child, or as the remote command
+of ssh/pdsh) and is run by path, so it imports nothing from dstrain and no torch. It stops the
+job, escalating from SIGTERM to SIGKILL after `--grace` seconds, when it receives SIGINT, SIGTERM
+or SIGHUP, and with `--watch-stdin` also when its standard input closes: the launcher holds the
+other end, so a launcher that dies (even by SIGKILL) or an ssh connection that drops ends the
+node's job instead of leaving it running. It is a child subreaper, so ranks re-parented after
+their parent died are still found and stopped. Its exit code is the command's, or 128 + signal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _proctree  # a sibling file: this script runs outside the dstrain package
+
+_stop = threading.Event()
+_reason: list[str] = []
+
+
+def _request_stop(reason: str) -> None:
+    if not _stop.is_set():
+        _reason.append(reason)
+        _stop.set()
+
+
+def _on_signal(signum: int, _frame: object) -> None:
+    _request_stop(signal.Signals(signum).name)
+
+
+def _say(message: str) -> None:
+    # The launcher may be gone (that may be why we stop): a closed pipe must not stop the cleanup.
+    with contextlib.suppress(OSError, ValueError):
+        print(f"dstrain node agent: {message}", file=sys.stderr, flush=True)
+
+
+def _watch_stdin() -> None:
+    try:
+        while os.read(0, 4096):
+            pass
+    except OSError:
+        pass
+    _request_stop("launcher connection closed")
+
+
+def stop_tree(proc: subprocess.Popen, grace: float) -> None:
+    """SIGTERM the command (torchrun then stops its ranks), then whatever is left; SIGKILL stragglers."""
+    tree = _proctree.descendants(os.getpid())  # before signalling: afterwards the links break
+    if proc.poll() is None:
+        with contextlib.suppress(OSError):
+            proc.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=grace)
+    # Helpers the ranks started in sessions of their own are not torchrun's to stop.
+    rest = _proctree.alive(tree + _proctree.descendants(os.getpid()))
+    _proctree.signal_all(rest, signal.SIGTERM)
+    _proctree.kill_all(_proctree.wait_gone(rest, min(grace, 3.0)))
+
+
+def main(argv: list[str]) -> int:
+    watch, grace = False, 10.0
+    while argv and argv[0] != "--":
+        flag = argv.pop(0)
+        if flag == "--watch-stdin":
+            watch = True
+        elif flag == "--grace":
+            grace = float(argv.pop(0))
+        else:
+            _say(f"unknown option {flag!r}")
+            return 2
+    command = argv[1:]
+    if not command:
+        _say("no command given after '--'")
+        return 2
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _on_signal)
+    _proctree.become_subreaper()
+    if watch:
+        threading.Thread(target=_watch_stdin, daemon=True).start()
+    try:
+        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, start_new_session=True)
+    except OSError as exc:
+        _say(f"cannot start {command[0]!r}: {exc}")
+        return 127
+    try:
+        while proc.poll() is None and not _stop.wait(0.1):
+            pass
+        if proc.poll() is None:
+            _say(f"stopping the job ({_reason[0]})")
+    finally:
+        stop_tree(proc, grace)  # also after a normal exit: sweeps anything a rank left running
+    code = proc.wait()
+    _proctree.reap_orphans()
+    if _reason and _reason[0].startswith("SIG"):
+        return 128 + signal.Signals[_reason[0]].value
+    return code if code >= 0 else 128 - code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,148 @@
+"""`dstrain`: DeepSpeed's `deepspeed` command. Runs a training script on one machine or several.
+
+    dstrain --num_procs 2 train.py --deepspeed_config ds.json
+    dstrain --hostfile hosts --include "worker-0@worker-1:0,2" train.py
+
+See facade/docs/launcher.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+
+from .commands import Job, Node, exported_environment, is_local_host, node_argv_display
+from .errors import LaunchError
+from .hostfile import parse_hostfile, select_resources
+from .runner import Supervisor, check_reachable
+
+DEFAULT_PORT = 29500  # DeepSpeed's and torch's default
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="dstrain",
+        description="Run a training script on every process of a job: on this machine through torchrun, or "
+                    "across the machines of a DeepSpeed-format hostfile, one torchrun per machine over ssh.")
+    count = p.add_mutually_exclusive_group()
+    count.add_argument("--num_gpus", "--num_procs", dest="num_procs", type=int, default=None, metavar="N",
+                       help="processes per machine (default: the GPUs of this machine, or 1 without GPUs; "
+                            "with a hostfile: every slot)")
+    p.add_argument("--num_nodes", type=int, default=None, metavar="M", help="use the first M hosts of the hostfile")
+    p.add_argument("-H", "--hostfile", default=None, metavar="FILE",
+                   help="DeepSpeed-format hostfile: one 'HOSTNAME slots=N' a line")
+    p.add_argument("-i", "--include", default="", metavar="SPEC",
+                   help="only these hosts/slots, e.g. 'worker-0@worker-1:0,2'")
+    p.add_argument("-e", "--exclude", default="", metavar="SPEC",
+                   help="all but these hosts/slots, e.g. 'worker-1:0' or 'worker-1'")
+    p.add_argument("--master_addr", default=None, metavar="ADDR",
+                   help="address of the rank-0 machine (default: the first host, 127.0.0.1 on one machine)")
+    p.add_argument("--master_port", type=int, default=DEFAULT_PORT, metavar="PORT",
+                   help=f"TCP port of the rendezvous on the master (default {DEFAULT_PORT})")
+    p.add_argument("--launcher", choices=("auto", "ssh", "pdsh", "local"), default="auto",
+                   help="how remote nodes are started: ssh, pdsh, or auto (pdsh where installed, else ssh); "
+                        "'local' runs every node's torchrun on this machine, e.g. to try a hostfile over loopback. "
+                        "Hosts named localhost/127.x always run here without ssh")
+    p.add_argument("--ssh_port", type=int, default=None, metavar="PORT", help="ssh port of the remote hosts")
+    p.add_argument("--no_ssh", action="store_true",
+                   help="start only this machine's node (give --node_rank); run the same command on every machine")
+    p.add_argument("--node_rank", type=int, default=None, metavar="R", help="this machine's rank, with --no_ssh")
+    p.add_argument("--no_local_rank", action="store_true",
+                   help="do not pass --local_rank=N to the script (LOCAL_RANK is always set)")
+    p.add_argument("--module", action="store_true", help="the script is a module name, run as `python -m`")
+    p.add_argument("--stop_grace", type=float, default=10.0, metavar="SECONDS",
+                   help="when stopping a job, seconds between SIGTERM and SIGKILL (default 10)")
+    p.add_argument("--dry_run", action="store_true", help="print each node's command and exit")
+    p.add_argument("script", help="the training script (or module, with --module)")
+    p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
+    return p
+
+
+def local_gpu_count(environ: dict[str, str] | None = None) -> int:
+    """GPUs visible here, found without importing torch (which would add seconds to every launch)."""
+    environ = os.environ if environ is None else environ
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+    try:
+        return len([n for n in os.listdir("/dev") if re.fullmatch(r"nvidia\d+", n)])
+    except OSError:
+        return 0
+
+
+def plan(args: argparse.Namespace, environ: dict[str, str] | None = None) -> tuple[Job, list[Node]]:
+    """Turn the command line into a Job and the nodes this launcher starts."""
+    environ = dict(os.environ if environ is None else environ)
+    if args.hostfile:
+        hosts = parse_hostfile(args.hostfile)
+        resources = select_resources(hosts, args.include, args.exclude, args.num_nodes, args.num_procs)
+        visible_devices = True
+    else:
+        if args.num_nodes not in (None, 1):
+            raise LaunchError(f"--num_nodes {args.num_nodes} needs a --hostfile listing the machines")
+        slots = args.num_procs or local_gpu_count(environ) or 1
+        resources = select_resources({"localhost": slots}, args.include, args.exclude)
+        visible_devices = bool(args.include or args.exclude)  # otherwise keep the user's own setting
+    force_local = args.launcher == "local"
+    nodes = tuple(Node(host, rank, tuple(slots), force_local or is_local_host(host))
+                  for rank, (host, slots) in enumerate(resources.items()))
+    master = args.master_addr
+    if master is None:
+        first = nodes[0].host
+        if all(n.local for n in nodes):
+            master = "127.0.0.1"
+        else:
+            master = first if not is_local_host(first) else _this_host_name()
+    job = Job(script=args.script, script_args=tuple(args.script_args), nodes=nodes, master_addr=master,
+              master_port=args.master_port, python=sys.executable, cwd=os.getcwd(),
+              local_rank_arg=not args.no_local_rank, module=args.module,
+              set_visible_devices=visible_devices, extra_env=exported_environment(environ),
+              grace=args.stop_grace)
+    if args.no_ssh:
+        if args.node_rank is None or not 0 <= args.node_rank < len(nodes):
+            raise LaunchError(f"--no_ssh needs --node_rank between 0 and {len(nodes) - 1} (this machine's place "
+                              "in the hostfile)")
+        if args.master_addr is None and len(nodes) > 1:
+            raise LaunchError("--no_ssh across machines needs --master_addr (the address of node 0)")
+        mine = nodes[args.node_rank]
+        return job, [Node(mine.host, mine.rank, mine.slots, True)]
+    if args.node_rank is not None:
+        raise LaunchError("--node_rank is only for --no_ssh, where each machine starts its own node")
+    return job, list(nodes)
+
+
+def _this_host_name() -> str:
+    import socket
+
+    return socket.getfqdn()
+
+
+def remote_shell_for(choice: str) -> str:
+    if choice in ("ssh", "pdsh"):
+        return choice
+    import shutil
+
+    return "pdsh" if shutil.which("pdsh") else "ssh"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        job, to_start = plan(args)
+        shell = remote_shell_for(args.launcher)
+        if args.dry_run:
+            for node in to_start:
+                print(f"# node {node.rank} ({node.host}, slots {','.join(map(str, node.slots))})")
+                print(node_argv_display(job, node, shell, args.ssh_port))
+            return 0
+        check_reachable([n.host for n in to_start if not n.local], shell, args.ssh_port)
+        return Supervisor(job, to_start, shell, args.ssh_port).run()
+    except LaunchError as exc:
+        print(f"dstrain: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

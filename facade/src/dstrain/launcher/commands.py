@@ -1,0 +1,117 @@
+"""The command lines the launcher runs: torchrun for one node, wrapped in the node agent, wrapped in
+ssh or pdsh for a remote node. Pure functions over plain data, so they are tested without processes.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+NODE_AGENT = str(HERE / "_node.py")
+RANK_ENTRY = str(HERE / "_rank.py")
+
+# Variables every node's ranks need to see the same (DeepSpeed exports NCCL*, PYTHON*, UCX*, MV2*).
+EXPORT_PREFIXES = ("NCCL", "PYTHON", "UCX", "MV2", "FI_", "GLOO_", "TORCH_", "OMP_", "DSTRAIN_", "DSAIO_")
+ENV_FILES = (".deepspeed_env", ".dstrain_env")  # KEY=VALUE lines for every node, from ~ and the cwd
+LOOPBACK = {"localhost", "127.0.0.1", "::1", "ip6-localhost"}
+
+
+@dataclass(frozen=True)
+class Node:
+    host: str
+    rank: int
+    slots: tuple[int, ...]
+    local: bool  # run as a child of the launcher, without ssh
+
+
+@dataclass(frozen=True)
+class Job:
+    script: str
+    script_args: tuple[str, ...]
+    nodes: tuple[Node, ...]
+    master_addr: str
+    master_port: int
+    python: str
+    cwd: str
+    local_rank_arg: bool = True  # append --local_rank=N as DeepSpeed does
+    module: bool = False  # run the script as `python -m`
+    set_visible_devices: bool = True  # CUDA_VISIBLE_DEVICES = the node's slots
+    extra_env: dict[str, str] = field(default_factory=dict)
+    grace: float = 10.0  # seconds between SIGTERM and SIGKILL when stopping
+
+
+def is_local_host(host: str) -> bool:
+    return host in LOOPBACK or host.startswith("127.") or host == socket.gethostname()
+
+
+def torchrun_argv(job: Job, node: Node) -> list[str]:
+    wrapper_flags = (["--no_local_rank"] if not job.local_rank_arg else []) + (["--module"] if job.module else [])
+    return [job.python, "-u", "-m", "torch.distributed.run",
+            f"--nnodes={len(job.nodes)}", f"--node_rank={node.rank}", f"--nproc_per_node={len(node.slots)}",
+            f"--master_addr={job.master_addr}", f"--master_port={job.master_port}",
+            "--max_restarts=0",  # a failed rank fails the job, as with DeepSpeed's launcher
+            RANK_ENTRY, *wrapper_flags, job.script, *job.script_args]
+
+
+def node_env(job: Job, node: Node) -> dict[str, str]:
+    """Variables this node's processes get on top of the environment they start in."""
+    env = dict(job.extra_env)
+    if job.set_visible_devices:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, node.slots))
+    return env
+
+
+def agent_argv(job: Job, node: Node) -> list[str]:
+    return [job.python, "-u", NODE_AGENT, "--watch-stdin", "--grace", str(job.grace), "--",
+            *torchrun_argv(job, node)]
+
+
+def remote_command(job: Job, node: Node) -> str:
+    """The shell line a remote node runs: same directory, exported variables, then the agent."""
+    assignments = [f"{k}={shlex.quote(v)}" for k, v in sorted(node_env(job, node).items())]
+    return (f"cd {shlex.quote(job.cwd)} && exec env {' '.join(assignments)} "
+            + " ".join(shlex.quote(a) for a in agent_argv(job, node)))
+
+
+def ssh_argv(host: str, command: str, ssh_port: int | None = None, options: tuple[str, ...] = ()) -> list[str]:
+    port = ["-p", str(ssh_port)] if ssh_port else []
+    # BatchMode: fail at once instead of prompting for a password nobody can type.
+    return ["ssh", "-o", "BatchMode=yes", *options, *port, host, command]
+
+
+def pdsh_argv(host: str, command: str) -> list[str]:
+    # One host per pdsh so each node gets its own rank and exit code (-S); the ssh port and user
+    # come from ~/.ssh/config, as for pdsh's other uses.
+    return ["pdsh", "-S", "-R", "ssh", "-w", host, command]
+
+
+def exported_environment(environ: dict[str, str], home: str | None = None, cwd: str | None = None) -> dict[str, str]:
+    """What every node gets from here: prefixed variables, then `.dstrain_env` / `.deepspeed_env` lines."""
+    env = {k: v for k, v in environ.items() if k.startswith(EXPORT_PREFIXES)}
+    for folder in (home or os.path.expanduser("~"), cwd or os.getcwd()):  # the job's folder wins
+        for name in ENV_FILES:
+            path = Path(folder) / name
+            if path.is_file():
+                for line in path.read_text().splitlines():
+                    line = line.strip()
+                    if line and not line.startswith("#") and "=" in line:
+                        key, value = line.split("=", 1)
+                        env[key.strip()] = value.strip()
+    return env
+
+
+def node_argv(job: Job, node: Node, remote_shell: str = "ssh", ssh_port: int | None = None) -> list[str]:
+    """What the launcher runs for `node`: the agent itself, or ssh/pdsh running it remotely."""
+    if node.local:
+        return agent_argv(job, node)
+    command = remote_command(job, node)
+    return pdsh_argv(node.host, command) if remote_shell == "pdsh" else ssh_argv(node.host, command, ssh_port)
+
+
+def node_argv_display(job: Job, node: Node, remote_shell: str = "ssh", ssh_port: int | None = None) -> str:
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(node_env(job, node).items())) if node.local else ""
+    return (env + " " if env else "") + shlex.join(node_argv(job, node, remote_shell, ssh_port))

@@ -1,0 +1,134 @@
+"""DeepSpeed-format hostfiles and `--include` / `--exclude` filters: plain data in, plain data out.
+
+A hostfile lists one machine a line, `worker-1 slots=4`, where slots is how many processes (GPUs)
+that machine runs; `#` starts a comment and blank lines are skipped. A filter is
+`host1@host2:0,2`: hosts joined by `@`, each optionally followed by `:` and the slot ids to use.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from .errors import HostfileError, LaunchError
+
+Resources = dict[str, list[int]]  # host -> slot ids it runs, in hostfile order
+
+_LINE = re.compile(r"^(?P<host>\S+)\s+slots\s*=\s*(?P<slots>\S+)$")
+_HOST = re.compile(r"^[A-Za-z0-9_.:\[\]-]+$")
+
+
+def parse_hostfile(path: str | Path) -> dict[str, int]:
+    """Read `path` into {host: slots}, in file order. Every bad line is reported at once."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise HostfileError(f"cannot read hostfile {path}: {exc.strerror or exc}") from exc
+    return parse_hostfile_text(text, str(path))
+
+
+def parse_hostfile_text(text: str, source: str = "<hostfile>") -> dict[str, int]:
+    hosts: dict[str, int] = {}
+    first_seen: dict[str, int] = {}
+    problems: list[str] = []
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        where = f"{source}:{number}: {raw.strip()!r}"
+        match = _LINE.match(line)
+        if match is None or not _HOST.match(match["host"]):
+            problems.append(f"{where}: expected 'HOSTNAME slots=N'")
+            continue
+        host, slots_text = match["host"], match["slots"]
+        try:
+            slots = int(slots_text)
+        except ValueError:
+            slots = 0
+        if slots <= 0:
+            problems.append(f"{where}: slots must be a positive integer, got {slots_text!r}")
+            continue
+        if host in hosts:
+            problems.append(f"{where}: host {host!r} is listed twice (first on line {first_seen[host]})")
+            continue
+        hosts[host] = slots
+        first_seen[host] = number
+    if problems:
+        raise HostfileError("bad hostfile:\n  " + "\n  ".join(problems))
+    if not hosts:
+        raise HostfileError(f"hostfile {source} lists no hosts; expected lines like 'worker-1 slots=4'")
+    return hosts
+
+
+def parse_filter(spec: str, hosts: dict[str, int], option: str) -> dict[str, list[int] | None]:
+    """Parse `host1@host2:0,2` into {host: slot ids, or None for every slot}, checked against `hosts`."""
+    chosen: dict[str, list[int] | None] = {}
+    for part in spec.split("@"):
+        part = part.strip()
+        if not part:
+            raise LaunchError(f"{option} {spec!r}: empty host entry (hosts are joined by '@')")
+        host, _, slot_text = part.partition(":")
+        if host not in hosts:
+            raise LaunchError(f"{option} {spec!r}: host {host!r} is not in the hostfile "
+                              f"(hosts: {', '.join(hosts)})")
+        if not slot_text:
+            chosen[host] = None  # every slot
+            continue
+        slots: list[int] = []
+        for item in slot_text.split(","):
+            try:
+                slot = int(item)
+            except ValueError:
+                raise LaunchError(f"{option} {spec!r}: slot {item!r} of {host} is not an integer") from None
+            if not 0 <= slot < hosts[host]:
+                raise LaunchError(f"{option} {spec!r}: {host} has slots 0..{hosts[host] - 1}, not {slot}")
+            if slot not in slots:
+                slots.append(slot)
+        if host in chosen and chosen[host] is None:
+            continue  # the host was already named whole
+        chosen[host] = sorted({*(chosen.get(host) or []), *slots})
+    return chosen
+
+
+def select_resources(hosts: dict[str, int], include: str = "", exclude: str = "",
+                     num_nodes: int | None = None, num_procs: int | None = None) -> Resources:
+    """Which slots of which hosts the job uses, DeepSpeed's way.
+
+    `include` keeps only what it names; `exclude` drops what it names (a bare host drops the whole
+    host). `num_nodes` keeps the first N hosts and `num_procs` the first N slots of each. Filters
+    and counts do not combine, as in DeepSpeed.
+    """
+    if include and exclude:
+        raise LaunchError("--include and --exclude cannot be used together; use one of them")
+    if (include or exclude) and (num_nodes is not None or num_procs is not None):
+        raise LaunchError("--include/--exclude cannot be combined with --num_nodes/--num_gpus/--num_procs; "
+                          "name the slots in the filter instead")
+    everything: Resources = {host: list(range(slots)) for host, slots in hosts.items()}
+    if include:
+        chosen = parse_filter(include, hosts, "--include")
+        result = {h: (everything[h] if s is None else s) for h, s in chosen.items()}
+        result = {h: result[h] for h in hosts if h in result}  # hostfile order, not filter order
+    elif exclude:
+        dropped = parse_filter(exclude, hosts, "--exclude")
+        result = {}
+        for host, slots in everything.items():
+            gone = dropped.get(host, [])
+            if gone is None:
+                continue
+            kept = [s for s in slots if s not in gone]
+            if kept:
+                result[host] = kept
+    else:
+        result = dict(everything)
+        if num_nodes is not None:
+            if num_nodes <= 0 or num_nodes > len(hosts):
+                raise LaunchError(f"--num_nodes {num_nodes}: the hostfile has {len(hosts)} host(s)")
+            result = dict(list(result.items())[:num_nodes])
+        if num_procs is not None:
+            if num_procs <= 0:
+                raise LaunchError(f"--num_gpus/--num_procs must be positive, got {num_procs}")
+            result = {h: s[:num_procs] for h, s in result.items()}
+    if not result:
+        raise LaunchError("no slots left to run on after --include/--exclude")
+    return result

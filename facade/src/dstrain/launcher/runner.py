@@ -1,0 +1,170 @@
+"""Start one node agent per node (locally or over ssh/pdsh), watch them, and stop them all together.
+
+The job ends when every node has exited 0, when any node fails (the others are stopped and the
+failing node's exit code is returned), or when the launcher receives SIGINT, SIGTERM or SIGHUP
+(everything is stopped and 128 + signal is returned). Stopping closes each node's stdin and sends
+it SIGTERM; its agent stops its ranks and exits; whatever still runs after the grace period is
+killed from a snapshot of the process tree.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+from . import _proctree
+from .commands import Job, Node, node_argv, node_env, pdsh_argv, ssh_argv
+from .errors import LaunchError
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _say(message: str) -> None:
+    print(f"dstrain: {message}", file=sys.stderr, flush=True)
+
+
+def check_reachable(hosts: list[str], remote_shell: str, ssh_port: int | None = None,
+                    timeout: float = 15.0) -> None:
+    """Run `true` on every remote host at once; one error lists each host that cannot be reached."""
+    if not hosts:
+        return
+    if shutil.which(remote_shell) is None:
+        raise LaunchError(f"{remote_shell!r} is not installed, and is needed to reach {', '.join(hosts)}; "
+                          "install it, or list only localhost in the hostfile, or use --launcher local")
+
+    def probe(host: str) -> str | None:
+        argv = (pdsh_argv(host, "true") if remote_shell == "pdsh"
+                else ssh_argv(host, "true", ssh_port, ("-o", "ConnectTimeout=10")))
+        try:
+            done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return f"{host}: no answer within {timeout:.0f} s"
+        if done.returncode == 0:
+            return None
+        lines = [line for line in (done.stderr or done.stdout).strip().splitlines() if line.strip()]
+        return f"{host}: {remote_shell} exited {done.returncode}: {lines[-1] if lines else 'no message'}"
+
+    with ThreadPoolExecutor(max_workers=min(32, len(hosts))) as pool:
+        failures = [f for f in pool.map(probe, hosts) if f]
+    if failures:
+        raise LaunchError("cannot reach these hosts with non-interactive " + remote_shell + ":\n  "
+                          + "\n  ".join(failures)
+                          + "\ncheck that `ssh HOST true` works without a password prompt (keys, known_hosts)")
+
+
+def _pump(stream, sink, tag: bytes) -> None:
+    """Copy `stream` to `sink` line by line, each line prefixed with `tag`."""
+    out = getattr(sink, "buffer", sink)
+    for line in iter(stream.readline, b""):
+        try:
+            out.write(tag + line)
+            out.flush()
+        except (OSError, ValueError):
+            pass  # our own output is gone (closed terminal); keep draining so the node never blocks
+    stream.close()
+
+
+class Supervisor:
+    """Owns the node processes of one job."""
+
+    def __init__(self, job: Job, nodes: list[Node] | None = None, remote_shell: str = "ssh",
+                 ssh_port: int | None = None) -> None:
+        self.job = job
+        self.nodes = list(job.nodes) if nodes is None else nodes  # --no_ssh starts only its own
+        self.remote_shell = remote_shell
+        self.ssh_port = ssh_port
+        self.procs: list[tuple[Node, subprocess.Popen]] = []
+        self._stop = threading.Event()
+        self._signal: int | None = None
+        self._pumps: list[threading.Thread] = []
+        # Several nodes write to one terminal: prefix their lines, as pdsh does, to keep them apart.
+        self.prefix = len(self.nodes) > 1
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        if self._signal is None:
+            self._signal = signum
+        self._stop.set()
+
+    def start(self) -> None:
+        for node in self.nodes:
+            env = {**os.environ, **node_env(self.job, node)} if node.local else None
+            argv = node_argv(self.job, node, self.remote_shell, self.ssh_port)
+            try:
+                # A session of its own: a Ctrl-C in the terminal reaches only the launcher, which
+                # then stops every node the same way, whatever shell or tty it was started from.
+                out = subprocess.PIPE if self.prefix else None
+                proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=out, stderr=out, env=env,
+                                        cwd=self.job.cwd, start_new_session=True)
+            except OSError as exc:
+                self.stop()
+                raise LaunchError(f"cannot start node {node.rank} ({node.host}): {exc}") from exc
+            self.procs.append((node, proc))
+            if self.prefix:
+                tag = f"[node{node.rank} {node.host}] ".encode()
+                for stream, sink in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr)):
+                    pump = threading.Thread(target=_pump, args=(stream, sink, tag), daemon=True)
+                    pump.start()
+                    self._pumps.append(pump)
+
+    def wait(self) -> int:
+        """Block until the job ends; return its exit code."""
+        failed: tuple[Node, int] | None = None
+        while not self._stop.wait(0.1):
+            codes = [(node, proc.poll()) for node, proc in self.procs]
+            failed = next(((n, c) for n, c in codes if c not in (None, 0)), None)  # type: ignore[misc]
+            if failed is not None or all(c == 0 for _, c in codes):
+                break
+        if self._signal is not None:
+            _say(f"received {signal.Signals(self._signal).name}; stopping every node")
+            self.stop()
+            return 128 + self._signal
+        if failed is not None:
+            node, code = failed
+            code = 128 - code if code < 0 else code
+            if len(self.procs) > 1:
+                _say(f"node {node.rank} ({node.host}) exited with code {code}; stopping the other nodes")
+            if not node.local and code == 255 and self.remote_shell == "ssh":
+                _say(f"(exit code 255 is ssh's own: the connection to {node.host} failed or dropped)")
+            self.stop()
+            return code
+        self.stop()  # sweeps anything a finished node left behind
+        return 0
+
+    def stop(self) -> None:
+        tree = []
+        for _, proc in self.procs:
+            tree += _proctree.with_start_time(proc.pid) + _proctree.descendants(proc.pid)
+        for _, proc in self.procs:
+            if proc.poll() is None:
+                try:
+                    if proc.stdin:
+                        proc.stdin.close()  # the agent (or the remote one, through ssh) sees EOF
+                    proc.terminate()
+                except OSError:
+                    pass
+        leftover = _proctree.wait_gone(tree, self.job.grace + 5.0)
+        if leftover:
+            _say(f"{len(leftover)} process(es) did not stop within {self.job.grace + 5.0:.0f} s; killing them")
+            _proctree.kill_all(leftover)
+        for _, proc in self.procs:
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for pump in self._pumps:
+            pump.join(timeout=2)
+
+    def run(self) -> int:
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in STOP_SIGNALS}
+        try:
+            self.start()
+            return self.wait()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
