@@ -1,0 +1,193 @@
+"""The `dstrain` launcher end to end: real torchrun, real ranks on gloo, real signals.
+
+Each test tags its job with a marker in the environment and, after the launcher returns, looks
+through /proc for any process still carrying it: an orphan fails the test (and is then killed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from dstrain.launcher.cli import main
+
+SCRIPTS = Path(__file__).parent / "launch_scripts"
+MARKER = "DSTRAIN_TEST_MARKER"
+TIMEOUT = 120  # a hang fails the test instead of blocking the suite
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tagged_processes(tag: str) -> list[int]:
+    """Pids of live processes whose environment carries our marker (zombies have no environment)."""
+    needle = f"{MARKER}={tag}".encode()
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/environ", "rb") as f:
+                    if needle in f.read().split(b"\0"):
+                        found.append(int(name))
+            except OSError:
+                pass
+    return found
+
+
+@pytest.fixture
+def job(tmp_path):
+    """Start `dstrain ...` in tmp_path with a fresh marker; afterwards assert (and enforce) no orphans."""
+    tag = uuid.uuid4().hex
+    env = {**os.environ, MARKER: tag, "PYTHONUNBUFFERED": "1"}
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    started: list[subprocess.Popen] = []
+
+    def start(*args: str, extra_env: dict[str, str] | None = None) -> subprocess.Popen:
+        cmd = [sys.executable, "-m", "dstrain.launcher", "--master_port", str(free_port()), *args]
+        proc = subprocess.Popen(cmd, cwd=tmp_path, env={**env, **(extra_env or {})}, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        started.append(proc)
+        return proc
+
+    def run(*args: str, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        proc = start(*args, extra_env=extra_env)
+        out, err = proc.communicate(timeout=TIMEOUT)
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+    start.run = run  # type: ignore[attr-defined]
+    start.tag = tag  # type: ignore[attr-defined]
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    left = orphans(tag)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"processes left behind: {left}"
+
+
+def orphans(tag: str, settle: float = 1.0) -> list[int]:
+    deadline = time.monotonic() + settle  # a SIGKILLed process may take a moment to become a zombie
+    left = tagged_processes(tag)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = tagged_processes(tag)
+    return left
+
+
+def ranks(out: Path) -> dict[int, dict]:
+    return {int(p.stem[4:]): json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))}
+
+
+def wait_for_files(folder: Path, names: list[str], proc: subprocess.Popen, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not all((folder / n).exists() for n in names):
+        assert proc.poll() is None, f"launcher exited early ({proc.returncode}): {proc.communicate()[1]}"
+        assert time.monotonic() < deadline, f"ranks did not start: {os.listdir(folder)}"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("local_rank_arg", [True, False], ids=["local_rank", "no_local_rank"])
+def test_one_process(job, tmp_path, local_rank_arg):
+    flags = [] if local_rank_arg else ["--no_local_rank"]
+    done = job.run("--num_procs", "1", *flags, str(SCRIPTS / "report_env.py"), "--lr", "0.1", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    seen = ranks(tmp_path)
+    first = ["--local_rank=0"] if local_rank_arg else []
+    assert seen[0]["argv"] == [*first, "--lr", "0.1", str(tmp_path)]  # DeepSpeed's order: local rank first
+    assert seen[0]["env"] == {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
+
+
+def test_two_processes_all_reduce(job, tmp_path):
+    done = job.run("--num_procs", "2", str(SCRIPTS / "allreduce.py"), str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    seen = ranks(tmp_path)
+    assert sorted(seen) == [0, 1]
+    for rank, r in seen.items():
+        assert (r["world"], r["sum"]) == (2, 3.0)
+        assert r["argv"][0] == f"--local_rank={rank}"
+        assert r["env"]["LOCAL_RANK"] == str(rank)
+
+
+def test_two_nodes_over_loopback(job, tmp_path):
+    """Two 'machines' from a hostfile, one torchrun each, meeting at the rendezvous over loopback."""
+    (tmp_path / "hostfile").write_text("# two nodes on this machine\nlocalhost slots=1\n\n127.0.0.1 slots=1\n")
+    done = job.run("--hostfile", "hostfile", str(SCRIPTS / "allreduce.py"), str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    seen = ranks(tmp_path)
+    assert sorted(seen) == [0, 1]
+    for r in seen.values():
+        assert (r["world"], r["sum"]) == (2, 3.0)
+        assert r["argv"][0] == "--local_rank=0"  # one process per node
+        assert r["env"]["MASTER_ADDR"] == "127.0.0.1"
+    assert "[node0 localhost] rank 0: all_reduce sum 3.0" in done.stdout  # each node's lines are tagged
+    assert "[node1 127.0.0.1] rank 1: all_reduce sum 3.0" in done.stdout
+
+
+def test_dying_rank_stops_every_node(job, tmp_path):
+    """Rank 1 exits 7 while rank 0 (on the other node) would wait forever: the job ends, non-zero, clean."""
+    (tmp_path / "hostfile").write_text("node-a slots=1\nnode-b slots=1\n")  # --launcher local: no ssh
+    start = time.monotonic()
+    done = job.run("--hostfile", "hostfile", "--launcher", "local", str(SCRIPTS / "hang.py"), str(tmp_path),
+                   extra_env={"DIE_RANK": "1"})
+    assert done.returncode != 0
+    assert "node 1 (node-b) exited" in done.stderr
+    assert time.monotonic() - start < 60
+    assert not orphans(job.tag)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_signal_to_launcher_stops_everything(job, tmp_path, sig):
+    proc = job("--num_procs", "2", str(SCRIPTS / "hang.py"), str(tmp_path))
+    wait_for_files(tmp_path, ["started.0", "started.1"], proc)
+    assert len(tagged_processes(job.tag)) >= 7  # launcher, agent, torchrun, 2 ranks, 2 helpers
+    proc.send_signal(sig)
+    proc.communicate(timeout=TIMEOUT)
+    assert proc.returncode == 128 + sig
+    assert not orphans(job.tag)
+
+
+def test_killed_launcher_leaves_nothing(job, tmp_path):
+    """Even SIGKILL (no chance to clean up): each node agent sees its stdin close and stops its node."""
+    (tmp_path / "hostfile").write_text("localhost slots=1\n127.0.0.1 slots=1\n")
+    proc = job("--hostfile", "hostfile", "--stop_grace", "3", str(SCRIPTS / "hang.py"), str(tmp_path))
+    wait_for_files(tmp_path, ["started.0", "started.1"], proc)
+    proc.kill()
+    proc.communicate(timeout=TIMEOUT)
+    assert not orphans(job.tag, settle=15)
+
+
+# The two error cases start no process, so they call the command's main() here: no torch start-up.
+
+@pytest.mark.skipif(shutil.which("ssh") is None, reason="needs an ssh client")
+def test_unreachable_host_is_named(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "hostfile").write_text("localhost slots=1\nno-such-host.invalid slots=1\n")
+    code = main(["--hostfile", "hostfile", "--launcher", "ssh", str(SCRIPTS / "report_env.py"), str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "cannot reach" in err and "no-such-host.invalid" in err
+    assert not list(tmp_path.glob("rank*.json"))  # nothing was started, not even the local node
+
+
+def test_bad_hostfile_is_an_error_naming_the_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "hostfile").write_text("localhost slots=1\nlocalhost slots=2\n")
+    code = main(["--hostfile", "hostfile", str(SCRIPTS / "report_env.py")])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "hostfile:2" in err and "listed twice (first on line 1)" in err
