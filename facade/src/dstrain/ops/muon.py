@@ -121,12 +121,13 @@ class Muon(torch.optim.Optimizer):
                         ns_method=ns_method, ns_steps=ns_steps, nesterov=nesterov, adam_w_mode=adam_w_mode)
         del torch_adam  # the Adam half is always this file's own torch code, which matches torch's AdamW
         self.per_head_muon = per_head_muon
-        groups = list(params)
+        groups = [params] if isinstance(params, torch.Tensor) else list(params)
         if groups and not isinstance(groups[0], dict):
             groups = [{"params": groups}]
         split = []
         for group in groups:
-            members = list(group["params"])
+            members = group["params"]
+            members = [members] if isinstance(members, torch.Tensor) else list(members)
             extra = {k: v for k, v in group.items() if k not in ("params", "muon_lr", "adam_lr")}
             group_lr = group.get("lr", lr)
             muon = [p for p in members if _uses_muon(p)]
