@@ -33,15 +33,16 @@ class Block(torch.nn.Module):
         return self.fc2(h) + x
 
 
-def _grads(model, x, use_checkpoint, seed=0):
+def _grads(model, x, use_checkpoint, seed=0, autocast=False):
     checkpointing.model_parallel_cuda_manual_seed(seed)
     torch.manual_seed(seed)
     model.zero_grad(set_to_none=True)
     x = x.detach().clone().requires_grad_(x.requires_grad)
     h = x
-    for block in model:
-        h = checkpointing.checkpoint(block, h) if use_checkpoint else block(h)
-    h.pow(2).sum().backward()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):  # forward only, as in training
+        for block in model:
+            h = checkpointing.checkpoint(block, h) if use_checkpoint else block(h)
+    h.float().pow(2).sum().backward()
     grads = [p.grad.clone() for p in model.parameters()]
     return grads + ([x.grad.clone()] if x.requires_grad else []), h.detach()
 
@@ -150,10 +151,10 @@ def _partitioned_rank(rank, world_size):
         # split in 2 x 14 and 3 x 7 = 21 in 2 x 11 (padded).
         model = torch.nn.Sequential(Block(7, mp_dropout=False), Block(7, mp_dropout=False))
         ok = True
-        for rows in (4, 3):
+        for rows, autocast in ((4, False), (3, True)):  # the recompute runs in forward's autocast mode
             x = torch.randn(rows, 7, requires_grad=True)
-            plain, _ = _grads(model, x, use_checkpoint=False, seed=5)
-            ckpt, _ = _grads(model, x, use_checkpoint=True, seed=5)
+            plain, _ = _grads(model, x, use_checkpoint=False, seed=5, autocast=autocast)
+            ckpt, _ = _grads(model, x, use_checkpoint=True, seed=5, autocast=autocast)
             ok = ok and len(plain) == len(ckpt) and all(torch.equal(a, b) for a, b in zip(plain, ckpt))
         results[cpu] = ok
     return results

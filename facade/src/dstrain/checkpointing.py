@@ -247,6 +247,21 @@ def _cuda_devices(args: tuple) -> list[torch.device]:
     return sorted({a.device for a in args if torch.is_tensor(a) and a.device.type == "cuda"}, key=str)
 
 
+class _AutocastState:
+    """The autocast modes active in forward, re-entered for the recompute (backward runs outside them)."""
+
+    def __init__(self, device_types: tuple[str, ...]) -> None:
+        self.modes = [(kind, torch.get_autocast_dtype(kind)) for kind in device_types
+                      if torch.is_autocast_enabled(kind)]
+        self.cache = torch.is_autocast_cache_enabled()
+
+    def __call__(self) -> contextlib.ExitStack:
+        stack = contextlib.ExitStack()
+        for kind, dtype in self.modes:
+            stack.enter_context(torch.autocast(kind, dtype=dtype, cache_enabled=self.cache))
+        return stack
+
+
 # ---------------------------------------------------------------------------------------------- timing
 
 
@@ -303,8 +318,11 @@ def _checkpoint_torch(function: Callable[..., Any], args: tuple, settings: _Sett
             return function(*(a.to(d) if d is not None else a for a, d in zip(host_args, devices)))
 
     def contexts() -> tuple[Any, Any]:
+        # torch.utils.checkpoint restores the generators and autocast of the inputs' device; with
+        # the inputs moved to the host that device is the CPU, so the CUDA ones are kept here.
         snapshot = _RngSnapshot(cuda_devices if offloaded else [])
-        return _ForwardContext(settings), _RecomputeContext(snapshot, settings)
+        autocast = _AutocastState(("cuda",) if offloaded and cuda_devices else ())
+        return _ForwardContext(settings), _RecomputeContext(snapshot, autocast, settings)
 
     return torch.utils.checkpoint.checkpoint(run, *stored, use_reentrant=False, preserve_rng_state=True,
                                              context_fn=contexts)
@@ -324,22 +342,25 @@ class _ForwardContext:
 class _RecomputeContext:
     """Put back the tracker streams (and offloaded inputs' CUDA generators) as they were in forward."""
 
-    def __init__(self, snapshot: _RngSnapshot, settings: _Settings) -> None:
+    def __init__(self, snapshot: _RngSnapshot, autocast: _AutocastState, settings: _Settings) -> None:
         self._snapshot = snapshot
-        self._timer = _timed("recompute") if settings.profile else contextlib.nullcontext()
-        self._outside: _RngSnapshot | None = None
+        self._stack = contextlib.ExitStack()
+        self._autocast = autocast
+        self._profile = settings.profile
+        self._outside = snapshot
 
     def __enter__(self) -> None:
         self._outside = _RngSnapshot(list(self._snapshot.cuda))
         cpu_state = torch.get_rng_state()  # torch.utils.checkpoint has already set the CPU generator
         self._snapshot.restore()
         torch.set_rng_state(cpu_state)
-        self._timer.__enter__()
+        self._stack.enter_context(self._autocast())
+        if self._profile:
+            self._stack.enter_context(_timed("recompute"))
 
     def __exit__(self, *exc: Any) -> None:
-        self._timer.__exit__(*exc)
+        self._stack.close()
         cpu_state = torch.get_rng_state()
-        assert self._outside is not None
         self._outside.restore()
         torch.set_rng_state(cpu_state)
 
@@ -384,6 +405,7 @@ class _PartitionedCheckpoint(torch.autograd.Function):
         ctx.function, ctx.settings = function, settings
         ctx.group, ctx.world = _mp_group(mpu), _mp_world_size(mpu)
         ctx.rng = _RngSnapshot(_cuda_devices(args))
+        ctx.autocast = _AutocastState(("cuda", "cpu"))
         with _timed("forward") if settings.profile else contextlib.nullcontext(), torch.no_grad():
             outputs = function(*args)
         rank = _mp_rank(mpu)
@@ -398,7 +420,7 @@ class _PartitionedCheckpoint(torch.autograd.Function):
         ctx.rng.restore()
         try:
             timer = _timed("recompute") if ctx.settings.profile else contextlib.nullcontext()
-            with timer, torch.enable_grad():
+            with timer, torch.enable_grad(), ctx.autocast():
                 outputs = ctx.function(*inputs)
         finally:
             outside.restore()
