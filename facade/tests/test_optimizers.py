@@ -152,6 +152,12 @@ def test_muon_tall_matrix_scale_l2_adam_and_errors():
         Muon(_with_grads((2, 2)), ns_method="svd")
     with pytest.raises(ValueError, match="muon_num_heads"):
         Muon(_with_grads((2, 2)), per_head_muon=True)
+    flattened = Muon(_with_grads((2, 3)))
+    flat = torch.nn.Parameter(torch.zeros(6))  # what a ZeRO wrapper puts in the group
+    flat.grad = torch.ones(6)
+    flattened.param_groups[0]["params"] = [flat]
+    with pytest.raises(RuntimeError, match="muon_update"):
+        flattened.step()
 
 
 def test_muon_per_head_orthogonalises_each_head():

@@ -90,6 +90,18 @@ def _orthogonalise(update: torch.Tensor, method: str, steps: int, num_heads: int
     return out.reshape(shape)
 
 
+def muon_update(grad: torch.Tensor, momentum_buffer: torch.Tensor, momentum: float = 0.95, nesterov: bool = True,
+                ns_method: str = "gram", ns_steps: int = 5, num_heads: int | None = None) -> torch.Tensor:
+    """One parameter's Muon direction (before lr and weight decay); updates `momentum_buffer` in place.
+
+    Public so that a sharded optimizer (ZeRO) can apply it to a whole matrix's gradient before
+    the gradient is flattened and partitioned, where the matrix shape is still known.
+    """
+    momentum_buffer.lerp_(grad, 1 - momentum)
+    direction = grad.lerp(momentum_buffer, momentum) if nesterov else momentum_buffer
+    return _orthogonalise(direction, ns_method, ns_steps, num_heads)
+
+
 def _uses_muon(p: torch.Tensor) -> bool:
     flag = getattr(p, "use_muon", None)
     if flag is None:
@@ -160,14 +172,16 @@ class Muon(torch.optim.Optimizer):
     def _muon_step(self, p: torch.Tensor, group: dict) -> None:
         if p.grad.is_sparse:
             raise RuntimeError("Muon does not support sparse gradients")
+        if p.ndim < 2:
+            raise RuntimeError(f"Muon's matrix group holds a {p.ndim}-D tensor of {p.numel()} values: a wrapper "
+                               f"(ZeRO) flattened it; apply dstrain.ops.muon.muon_update to each matrix's "
+                               f"gradient before flattening instead")
         state = self.state[p]
         if not state:
             state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-        buf, beta = state["momentum_buffer"], group["momentum"]
-        buf.lerp_(p.grad, 1 - beta)
-        direction = p.grad.lerp(buf, beta) if group["nesterov"] else buf
         heads = getattr(p, "muon_num_heads", None) if self.per_head_muon else None
-        update = _orthogonalise(direction, group["ns_method"], group["ns_steps"], heads)
+        update = muon_update(p.grad, state["momentum_buffer"], group["momentum"], group["nesterov"],
+                             group["ns_method"], group["ns_steps"], heads)
         lr = group["lr"]
         p.mul_(1 - lr * group["weight_decay"])
         p.add_(update.to(p.dtype), alpha=-lr)
