@@ -47,34 +47,39 @@ def tagged_processes(tag: str) -> list[int]:
     return found
 
 
-@pytest.fixture
-def job(tmp_path):
-    """Start `dstrain ...` in tmp_path with a fresh marker; afterwards assert (and enforce) no orphans."""
-    tag = uuid.uuid4().hex
-    env = {**os.environ, MARKER: tag, "PYTHONUNBUFFERED": "1"}
-    env.pop("CUDA_VISIBLE_DEVICES", None)
-    started: list[subprocess.Popen] = []
+class Launches:
+    """Starts `dstrain ...` in one folder, every job tagged with the same marker in its environment."""
 
-    def start(*args: str, extra_env: dict[str, str] | None = None) -> subprocess.Popen:
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.tag = uuid.uuid4().hex
+        self.env = {**os.environ, MARKER: self.tag, "PYTHONUNBUFFERED": "1"}
+        self.env.pop("CUDA_VISIBLE_DEVICES", None)
+        self.started: list[subprocess.Popen] = []
+
+    def start(self, *args: str, extra_env: dict[str, str] | None = None) -> subprocess.Popen:
         cmd = [sys.executable, "-m", "dstrain.launcher", "--master_port", str(free_port()), *args]
-        proc = subprocess.Popen(cmd, cwd=tmp_path, env={**env, **(extra_env or {})}, text=True,
+        proc = subprocess.Popen(cmd, cwd=self.folder, env={**self.env, **(extra_env or {})}, text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        started.append(proc)
+        self.started.append(proc)
         return proc
 
-    def run(*args: str, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-        proc = start(*args, extra_env=extra_env)
+    def run(self, *args: str, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        proc = self.start(*args, extra_env=extra_env)
         out, err = proc.communicate(timeout=TIMEOUT)
         return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
-    start.run = run  # type: ignore[attr-defined]
-    start.tag = tag  # type: ignore[attr-defined]
-    yield start
-    for proc in started:
+
+@pytest.fixture
+def job(tmp_path):
+    """Launches in tmp_path; afterwards no process may carry the marker (any that does is killed)."""
+    launches = Launches(tmp_path)
+    yield launches
+    for proc in launches.started:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-    left = orphans(tag)
+    left = orphans(launches.tag)
     for pid in left:
         os.kill(pid, signal.SIGKILL)
     assert not left, f"processes left behind: {left}"
@@ -152,7 +157,7 @@ def test_dying_rank_stops_every_node(job, tmp_path):
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_signal_to_launcher_stops_everything(job, tmp_path, sig):
-    proc = job("--num_procs", "2", str(SCRIPTS / "hang.py"), str(tmp_path))
+    proc = job.start("--num_procs", "2", str(SCRIPTS / "hang.py"), str(tmp_path))
     wait_for_files(tmp_path, ["started.0", "started.1"], proc)
     assert len(tagged_processes(job.tag)) >= 7  # launcher, agent, torchrun, 2 ranks, 2 helpers
     proc.send_signal(sig)
@@ -164,7 +169,7 @@ def test_signal_to_launcher_stops_everything(job, tmp_path, sig):
 def test_killed_launcher_leaves_nothing(job, tmp_path):
     """Even SIGKILL (no chance to clean up): each node agent sees its stdin close and stops its node."""
     (tmp_path / "hostfile").write_text("localhost slots=1\n127.0.0.1 slots=1\n")
-    proc = job("--hostfile", "hostfile", "--stop_grace", "3", str(SCRIPTS / "hang.py"), str(tmp_path))
+    proc = job.start("--hostfile", "hostfile", "--stop_grace", "3", str(SCRIPTS / "hang.py"), str(tmp_path))
     wait_for_files(tmp_path, ["started.0", "started.1"], proc)
     proc.kill()
     proc.communicate(timeout=TIMEOUT)
