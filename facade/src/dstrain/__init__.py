@@ -7,34 +7,47 @@
         loss = engine(batch)
         engine.backward(loss)
         engine.step()
+
+Names load on first use, so the `dstrain` launcher and `dstrain-report` start without importing
+torch or the engine.
 """
 
-from dscomm import init_distributed
+import importlib
 
-from . import comm, zero
 from ._version import __version__
-from .arguments import add_config_arguments
-from .dataloader import DeepSpeedDataLoader, RepeatingLoader
-from .engine import DeepSpeedEngine
-from .errors import CheckpointLoadError, ConfigError, DstrainError, UnsupportedFeatureError
-from .initialize import initialize
 
-DeepSpeedConfigError = ConfigError  # DeepSpeed's name
+_LAZY = {  # public name -> (module, attribute); attribute None means the module itself
+    "initialize": ("initialize", "initialize"),
+    "add_config_arguments": ("arguments", "add_config_arguments"),
+    "init_distributed": ("comm", "init_distributed"),
+    "DeepSpeedEngine": ("engine", "DeepSpeedEngine"),
+    "DeepSpeedDataLoader": ("dataloader", "DeepSpeedDataLoader"),
+    "RepeatingLoader": ("dataloader", "RepeatingLoader"),
+    "CheckpointLoadError": ("errors", "CheckpointLoadError"),
+    "ConfigError": ("errors", "ConfigError"),
+    "DeepSpeedConfigError": ("errors", "ConfigError"),
+    "DstrainError": ("errors", "DstrainError"),
+    "UnsupportedFeatureError": ("errors", "UnsupportedFeatureError"),
+    "checkpointing": ("checkpointing", None),
+    "comm": ("comm", None),
+    "zero": ("zero", None),
+    "ops": ("ops", None),
+    "lr_schedules": ("lr_schedules", None),
+}
 
-__all__ = [
-    "CheckpointLoadError",
-    "ConfigError",
-    "DeepSpeedConfigError",
-    "DeepSpeedDataLoader",
-    "DeepSpeedEngine",
-    "DstrainError",
-    "RepeatingLoader",
-    "UnsupportedFeatureError",
-    "__version__",
-    "add_config_arguments",
-    "checkpointing",
-    "comm",
-    "init_distributed",
-    "initialize",
-    "zero",
-]
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'dstrain' has no attribute {name!r}")
+    module_name, attribute = _LAZY[name]
+    module = importlib.import_module(f".{module_name}", __name__)
+    value = module if attribute is None else getattr(module, attribute)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])
+
+
+__all__ = ["__version__", *_LAZY]

@@ -30,6 +30,7 @@ class DeepSpeedDataLoader:
         self.num_workers = num_workers
         self.drop_last = drop_last
         self.pin_memory = pin_memory
+        self.seed = seed
         self.sampler = data_sampler if data_sampler is not None else DistributedSampler(
             dataset, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last)
         self.epoch = 0
@@ -63,8 +64,12 @@ class DeepSpeedDataLoader:
         if hasattr(self.sampler, "set_epoch"):
             self.sampler.set_epoch(self.epoch)
         indices = list(iter(self.sampler))[self.batches_taken * self.batch_size:]
+        # The loader's own generator: creating an iterator must not draw from the global RNG, or a resumed
+        # run (which creates one mid-epoch) would see different dropout masks than the original.
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
         loader = DataLoader(self.dataset, batch_size=self.batch_size, sampler=indices, collate_fn=self.collate_fn,
-                            num_workers=self.num_workers, drop_last=self.drop_last, pin_memory=self.pin_memory)
+                            num_workers=self.num_workers, drop_last=self.drop_last, pin_memory=self.pin_memory,
+                            generator=generator)
         return iter(loader)
 
     def state_dict(self) -> dict[str, int]:

@@ -55,6 +55,10 @@ class DeepSpeedEngine(torch.nn.Module):
             gc.disable()
             self._gc_disabled = True
 
+        from . import checkpointing
+
+        if not checkpointing.is_configured():  # the config's activation_checkpointing section, until the script's own
+            checkpointing.configure(None, deepspeed_config=config)
         self._broadcast_module_state()
         self.basic_optimizer = self._build_basic_optimizer(optimizer, model_parameters)
         self.optimizer = self._wrap_optimizer(self.basic_optimizer) if self.basic_optimizer is not None else None

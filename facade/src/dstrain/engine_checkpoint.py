@@ -42,7 +42,7 @@ def engine_file(rank: int) -> str:
 def save_checkpoint(engine: DeepSpeedEngine, save_dir, tag: Any, client_state: dict, save_latest: bool) -> bool:
     engine._require_optimizer("save_checkpoint")
     tag = str(tag) if tag is not None else f"global_step{engine.global_steps}"
-    _validate_tag(engine, tag)
+    tag = _validate_tag(engine, tag)
     root = Path(save_dir)
     final = root / tag
     partial = root / f"{tag}.partial"
@@ -78,22 +78,36 @@ def _is_writer(engine: DeepSpeedEngine) -> bool:
     return torch.distributed.get_rank(engine.data_parallel_group) == 0
 
 
-def _validate_tag(engine: DeepSpeedEngine, tag: str) -> None:
+def _validate_tag(engine: DeepSpeedEngine, tag: str) -> str:
+    """The tag every rank saves under: Fail refuses differing tags, Warn warns and takes rank 0's."""
     mode = engine._config.checkpoint.tag_validation
     if mode == "Ignore" or engine.dp_world_size == 1:
-        return
+        return tag
+    group = engine.data_parallel_group
     digest = int.from_bytes(hashlib.sha1(tag.encode()).digest()[:7], "little")
     low = torch.tensor([digest], dtype=torch.int64)
     high = low.clone()
-    dscomm.all_reduce(low, op=dscomm.ReduceOp.MIN, group=engine.data_parallel_group, log_name="checkpoint_tag")
-    dscomm.all_reduce(high, op=dscomm.ReduceOp.MAX, group=engine.data_parallel_group, log_name="checkpoint_tag")
+    dscomm.all_reduce(low, op=dscomm.ReduceOp.MIN, group=group, log_name="checkpoint_tag")
+    dscomm.all_reduce(high, op=dscomm.ReduceOp.MAX, group=group, log_name="checkpoint_tag")
     if low.item() == high.item():
-        return
+        return tag
     message = (f"checkpoint tag {tag!r} on rank {engine.global_rank} differs from another rank's tag; every rank must "
                f"save under the same tag (checkpoint.tag_validation is {mode})")
     if mode == "Fail":
         raise DstrainError(message)
-    warnings.warn(message, stacklevel=4)
+    warnings.warn(message + "; saving under rank 0's tag", stacklevel=4)
+    return _rank0_text(tag, group)
+
+
+def _rank0_text(text: str, group) -> str:
+    encoded = torch.tensor(list(text.encode()), dtype=torch.uint8)
+    length = torch.tensor([encoded.numel()], dtype=torch.int64)
+    src = torch.distributed.get_global_rank(group, 0)
+    dscomm.broadcast(length, src, group=group, log_name="checkpoint_tag")
+    buffer = torch.zeros(int(length.item()), dtype=torch.uint8)
+    buffer[: min(encoded.numel(), buffer.numel())] = encoded[: buffer.numel()]
+    dscomm.broadcast(buffer, src, group=group, log_name="checkpoint_tag")
+    return bytes(buffer.tolist()).decode()
 
 
 def _rank_state(engine: DeepSpeedEngine) -> dict[str, Any]:

@@ -56,8 +56,6 @@ from .sections import (
 DeepSpeedConfigError = ConfigError  # DeepSpeed's name
 
 __all__ = [
-    "read_source",
-    "requested_unsupported",
     "AUTO",
     "ActivationCheckpointingConfig",
     "AioConfig",
@@ -103,4 +101,6 @@ __all__ = [
     "__version__",
     "json_schema",
     "load",
+    "read_source",
+    "requested_unsupported",
 ]

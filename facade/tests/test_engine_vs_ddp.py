@@ -1,0 +1,111 @@
+"""The engine trains as torch DDP does, at every ZeRO stage, with and without accumulation and clipping."""
+
+import pytest
+import torch
+from engine_models import TokenDataset, config, make_model
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import dstrain
+from dscomm.testing import run_ranks
+
+STEPS = 6
+
+
+def ddp_losses(rank, world, micro, gas, clip):
+    model = make_model()
+    ddp = DDP(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
+    sampler = torch.utils.data.DistributedSampler(TokenDataset(), num_replicas=world, rank=rank, seed=0)
+    loader = iter(torch.utils.data.DataLoader(TokenDataset(), batch_size=micro, sampler=sampler))
+    losses = []
+    for _ in range(STEPS):
+        total = 0.0
+        for i in range(gas):
+            loss = ddp(next(loader)) / gas
+            if i < gas - 1:
+                with ddp.no_sync():
+                    loss.backward()
+            else:
+                loss.backward()
+            total += loss.item()
+        if clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        opt.step()
+        opt.zero_grad()
+        losses.append(total)
+    return losses, [p.detach().clone() for p in model.parameters()]
+
+
+def engine_losses(rank, world, micro, gas, clip, stage, plain_backward=False):
+    model = make_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
+    engine, _, loader, _ = dstrain.initialize(model=model, optimizer=opt, training_data=TokenDataset(),
+                                              config=config(micro, gas, stage, gradient_clipping=clip))
+    batches = iter(loader)
+    losses = []
+    for _ in range(STEPS):
+        total = 0.0
+        for _ in range(gas):
+            loss = engine(next(batches))
+            if plain_backward:
+                loss.backward()
+            else:
+                engine.backward(loss)
+            engine.step()
+            total += loss.item() / gas
+        losses.append(total)
+    assert engine.global_steps == STEPS and engine.global_samples == STEPS * micro * gas * world
+    with dstrain.zero.GatheredParameters(list(model.parameters())):
+        weights = [p.detach().clone() for p in model.parameters()]
+    return losses, weights
+
+
+def _close(a, b):
+    (la, wa), (lb, wb) = a, b
+    torch.testing.assert_close(torch.tensor(la), torch.tensor(lb), rtol=1e-5, atol=1e-6)
+    for x, y in zip(wa, wb, strict=True):
+        torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_every_stage_matches_ddp_at_two_ranks(stage):
+    expected = run_ranks(ddp_losses, 2, 4, 2, 0.5)
+    got = run_ranks(engine_losses, 2, 4, 2, 0.5, stage)
+    for rank in range(2):
+        _close(got[rank], expected[rank])
+
+
+def test_plain_loss_backward_matches_engine_backward():
+    # Current DeepSpeed accepts loss.backward(); the engine scales it for accumulation all the same.
+    with_engine = run_ranks(engine_losses, 2, 4, 2, 0.0, 2)
+    plain = run_ranks(engine_losses, 2, 4, 2, 0.0, 2, True)
+    _close(plain[0], with_engine[0])
+
+
+def test_world_of_one_matches_a_plain_torch_loop():
+    expected = run_ranks(ddp_losses, 1, 4, 1, 0.0)
+    got = run_ranks(engine_losses, 1, 4, 1, 0.0, 0)
+    _close(got[0], expected[0])
+
+
+def micro_times_gas(rank, world, micro, gas):
+    model = make_model()
+    engine, _, _, _ = dstrain.initialize(model=model, config=config(micro, gas, 2, optimizer={
+        "type": "AdamW", "params": {"lr": 1e-2}}))
+    data = TokenDataset().data[:64]
+    updates = []
+    for step in range(3):
+        batch = data[step * 16:(step + 1) * 16]
+        for chunk in batch.chunk(gas):
+            engine.backward(engine(chunk))
+            engine.step()
+        updates.append([p.detach().clone() for p in model.parameters()])
+    return updates
+
+
+def test_micro_2_by_gas_4_equals_micro_8_by_gas_1():
+    (small,) = run_ranks(micro_times_gas, 1, 4, 4)
+    (big,) = run_ranks(micro_times_gas, 1, 16, 1)
+    for a, b in zip(small, big, strict=True):
+        for x, y in zip(a, b, strict=True):
+            torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6)

@@ -1,0 +1,114 @@
+"""initialize(): where the config comes from, how the batch triple is completed, and what is refused."""
+
+import argparse
+import json
+
+import pytest
+import torch
+from engine_models import ADAMW, TokenDataset, config, make_model
+
+import dstrain
+from dscomm.testing import run_ranks
+
+
+def _init(rank, world, **kwargs):
+    engine, optimizer, loader, scheduler = dstrain.initialize(model=make_model(), **kwargs)
+    return (engine.train_batch_size(), engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps(),
+            type(optimizer).__name__, loader is None, scheduler is None)
+
+
+def _error(rank, world, **kwargs):
+    try:
+        dstrain.initialize(model=make_model(), **kwargs)
+    except Exception as exc:  # the message is what the test reads
+        return type(exc).__name__, str(exc)
+    return None, ""
+
+
+def test_config_from_a_path_a_dict_config_params_and_args(tmp_path):
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(config(optimizer=ADAMW)))
+    args = dstrain.add_config_arguments(argparse.ArgumentParser()).parse_args(
+        ["--deepspeed", "--deepspeed_config", str(path)])
+    expected = (4, 4, 1, "ZeroOptimizer", True, True)
+    assert run_ranks(_init, 1, config=str(path))[0] == expected
+    assert run_ranks(_init, 1, config_params=config(optimizer=ADAMW))[0] == expected
+    assert run_ranks(_init, 1, args=args)[0] == expected
+
+
+def test_two_config_sources_are_refused(tmp_path):
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(config()))
+    args = argparse.Namespace(deepspeed_config=str(path))
+    name, message = run_ranks(_error, 1, args=args, config=config())[0]
+    assert name == "ConfigError" and "--deepspeed_config" in message
+
+
+def test_no_config_and_a_missing_file_say_what_to_pass(tmp_path):
+    assert "deepspeed_config" in run_ranks(_error, 1)[0][1]
+    assert "file not found" in run_ranks(_error, 1, config=str(tmp_path / "nope.json"))[0][1]
+
+
+def test_batch_triple_is_completed_from_the_world_size():
+    cfg = {"train_batch_size": 16, "gradient_accumulation_steps": 2, "optimizer": ADAMW}
+    assert [r[:3] for r in run_ranks(_init, 2, config=cfg)] == [(16, 4, 2)] * 2
+
+
+def test_an_undeterminable_or_inconsistent_batch_triple_is_refused():
+    name, message = run_ranks(_error, 2, config={"train_batch_size": 15, "train_micro_batch_size_per_gpu": 4})[0]
+    assert name == "ConfigError" and "train_batch_size" in message
+
+
+def test_auto_placeholders_are_refused_by_path():
+    cfg = config(optimizer={"type": "AdamW", "params": {"lr": "auto"}})
+    name, message = run_ranks(_error, 1, config=cfg)[0]
+    assert name == "ConfigError" and "optimizer.params.lr" in message and "auto" in message
+
+
+@pytest.mark.parametrize(("extra", "path"), [
+    ({"sparse_attention": {"mode": "fixed"}}, "sparse_attention"),
+    ({"expert_parallel": {"enabled": True, "autoep_size": 1}}, "expert_parallel.enabled"),
+    ({"data_efficiency": {"enabled": True}}, "data_efficiency.enabled"),
+    ({"progressive_layer_drop": {"enabled": True}}, "progressive_layer_drop"),
+])
+def test_features_no_library_provides_fail_naming_the_key(extra, path):
+    name, message = run_ranks(_error, 1, config=config(**extra))[0]
+    assert name == "UnsupportedFeatureError" and path in message
+
+
+def test_a_turned_off_unsupported_feature_is_accepted():
+    result = run_ranks(_init, 1, config=config(optimizer=ADAMW, progressive_layer_drop={"enabled": False}))[0]
+    assert result[0] == 4
+
+
+def test_client_optimizer_and_config_optimizer_together_are_refused():
+    model = make_model()
+    name, message = run_ranks(_error, 1, config=config(optimizer=ADAMW),
+                              optimizer=torch.optim.SGD(model.parameters(), lr=0.1))[0]
+    assert name == "ConfigError" and "optimizer" in message
+
+
+def _loader_shards(rank, world):
+    _, _, loader, _ = dstrain.initialize(model=make_model(), training_data=TokenDataset(size=32),
+                                         config=config(micro=4, optimizer=ADAMW))
+    return torch.cat(list(loader)).tolist()
+
+
+def test_training_data_is_split_over_ranks_in_micro_batches():
+    a, b = run_ranks(_loader_shards, 2)
+    assert len(a) == len(b) == 16
+    assert sorted(map(tuple, a + b)) == sorted(map(tuple, TokenDataset(size=32).data.tolist()))
+
+
+def _engine_surface(rank, world):
+    model = make_model()
+    engine, *_ = dstrain.initialize(model=model, config=config(optimizer=ADAMW))
+    engine.eval()
+    assert not model.training
+    engine.train()
+    return (engine.zero_optimization_stage(), engine.get_lr(), engine.get_mom(), engine.module is model,
+            engine.embed is model.embed, engine.is_gradient_accumulation_boundary())
+
+
+def test_engine_accessors():
+    assert run_ranks(_engine_surface, 1)[0] == (0, [0.01], [(0.9, 0.999)], True, True, True)
