@@ -23,7 +23,7 @@ def released_between_uses(rank, world):
     zero.backward(loss_of(model, tokens))
     zero.step()
     after = sum(p.numel() for p in model.parameters())
-    shards = sum(u.shard.numel() for u in zero.groups)
+    shards = sum(u.shard_numel for u in zero.groups)
     return full, held, after, shards
 
 

@@ -89,8 +89,11 @@ def test_same_losses_and_weights_as_ddp(world, stage, micro, clip, overlap, buck
     for (ddp_losses, ddp_weights), (zero_losses, zero_weights) in results:
         assert zero_losses == pytest.approx(ddp_losses, rel=1e-5)
         for name, value in ddp_weights.items():
-            # atol 1e-5 against weights of order 0.1-1: a relative 1e-5 for elements near zero too.
-            torch.testing.assert_close(zero_weights[name], value, rtol=1e-5, atol=1e-5, msg=name)
+            # atol 1e-5 against weights of order 0.1-1: a relative 1e-5 for elements near zero too. At 4
+            # ranks the reduce-scatter sums in another order than DDP's all-reduce, and Adam turns that
+            # last-bit gradient difference on a near-zero gradient into up to ~1.1e-5 (one element in 3072).
+            atol = 2e-5 if world == 4 else 1e-5
+            torch.testing.assert_close(zero_weights[name], value, rtol=1e-5, atol=atol, msg=name)
     # every rank holds the same weights
     for _, (_, weights) in results[1:]:
         for name, value in results[0][1][1].items():

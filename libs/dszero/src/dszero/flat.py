@@ -7,11 +7,10 @@ training keeps no second copy) and the gradient storage of the stage.
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 
 from .layout import GroupLayout
+from .offload.pinned import host_copy
 
 
 class FlatGroup:
@@ -35,10 +34,10 @@ class FlatGroup:
             self.separate_master = False
         else:
             # Offloaded (or higher-precision) master weights live in their own CPU buffer.
-            device = torch.device("cpu") if offload else own.device
-            self.master = own.to(device=device, dtype=master_dtype, copy=True)
-            if pin_memory:
-                self.master = pin(self.master)
+            if offload:
+                self.master = host_copy(own, master_dtype, pin_memory, "zero_optimization.offload_optimizer")
+            else:
+                self.master = own.to(dtype=master_dtype, copy=True)
             self.separate_master = True
         self.master_param = torch.nn.Parameter(self.master, requires_grad=False)
 
@@ -61,14 +60,3 @@ class FlatGroup:
     def param_index(self) -> dict[int, int]:
         return {id(p): i for i, p in enumerate(self.params)}
 
-
-def pin(tensor: torch.Tensor) -> torch.Tensor:
-    """Page-locked copy for fast device transfers; the tensor itself where pinning is not possible."""
-    if not torch.cuda.is_available():
-        return tensor  # pinning only speeds up CUDA copies; without CUDA there is nothing to gain
-    try:
-        return tensor.pin_memory()
-    except RuntimeError as exc:
-        warnings.warn(f"dszero: pin_memory refused ({exc}); continuing with pageable memory. Raise the memlock "
-                      f"limit (ulimit -l) or set offload_optimizer.pin_memory: false to silence this", stacklevel=3)
-        return tensor

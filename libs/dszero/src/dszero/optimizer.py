@@ -10,6 +10,7 @@ works unchanged.
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import Any
 
@@ -22,9 +23,12 @@ from dsconfig import ZeroConfig
 from .errors import ZeroConfigError, ZeroError
 from .flat import FlatGroup
 from .layout import GroupLayout
+from .offload.optimizer_swap import SwappedStep
+from .offload.param_homes import ParamHomes
 from .precision import Precision
 from .reducers import BucketReducer, FlatReducer
 from .stage3 import Stage3
+from .steps import InMemoryStep
 
 
 class ZeroOptimizer:
@@ -32,7 +36,7 @@ class ZeroOptimizer:
 
     precision: a `Precision` or "fp32" / "fp16" / "bf16" (the model must already be in that dtype).
     gradient_clipping: clip the global gradient norm to this value (0 disables).
-    aio: keyword arguments of `dsaio.aio_handle`, reserved for NVMe offload (not in this version).
+    aio: keyword arguments of `dsaio.aio_handle` for NVMe offload (block_size, queue_depth, ...).
     gradient_average: average gradients over the ranks (False: sum them).
     """
 
@@ -48,7 +52,8 @@ class ZeroOptimizer:
         self.module = module
         self.optimizer = optimizer
         self._check_supported()
-        self.offload = self.config.optimizer_offload_device == "cpu"
+        self.offload = self.config.optimizer_offload_device in ("cpu", "nvme")
+        self.aio = dict(aio) if aio else None
         if not dscomm.is_initialized():
             dscomm.init_distributed()
         self.process_group = group if group is not None else dscomm.groups.get_data_parallel_group()
@@ -62,28 +67,31 @@ class ZeroOptimizer:
                 raise ZeroError("the optimizer already has state (it has stepped); wrap it in ZeroOptimizer first")
             self._check_dtypes(optimizer)
             threshold = self.config.stage3_param_persistence_threshold
+            offload = self.config.offload_optimizer
+            self.param_homes = ParamHomes(self.config.offload_param, dist.get_rank(), self.aio)
             self.reducer = Stage3(module, optimizer, self.process_group, self.precision.master_torch_dtype,
-                                  threshold if isinstance(threshold, int) else 100_000, gradient_average)
+                                  threshold if isinstance(threshold, int) else 100_000, gradient_average,
+                                  homes=self.param_homes,
+                                  master_device=torch.device("cpu") if self.offload else None,
+                                  pin_master=bool(self.offload and offload.pin_memory),
+                                  own_master=self.offload)  # offloaded masters get their own host buffers
             self.groups = self.reducer.units
         else:
+            self.param_homes = None
             self.groups = self._flatten(module, optimizer)
             self._broadcast_initial_weights()
             self.reducer = self._make_reducer(gradient_average)
+        self.stepper = self._make_stepper()
 
     # ------------------------------------------------------------------ construction
     def _check_supported(self) -> None:
         cfg = self.config
-        if cfg.param_offload_device != "none":
-            raise ZeroConfigError(f"zero_optimization.offload_param (device {cfg.param_offload_device!r}) is not "
-                                  f"available in this version of dszero; remove it")
-        if cfg.optimizer_offload_device == "nvme":
-            raise ZeroConfigError("zero_optimization.offload_optimizer.device \"nvme\" is not available in this "
-                                  "version of dszero; use \"cpu\"")
-        if cfg.stage == 3 and cfg.optimizer_offload_device != "none":
-            raise ZeroConfigError("zero_optimization.offload_optimizer with stage 3 is not available in this version "
-                                  "of dszero; use stage 1 or 2 for CPU optimizer offload")
-        if cfg.optimizer_offload_device == "cpu" and cfg.stage == 0:
-            raise ZeroConfigError("zero_optimization.offload_optimizer needs stage 1, 2 or 3 (stage is 0)")
+        if cfg.param_offload_device != "none" and cfg.stage != 3:
+            raise ZeroConfigError(f"zero_optimization.offload_param (device {cfg.param_offload_device!r}) needs "
+                                  f"stage 3 (stage is {cfg.stage}): only stage 3 partitions parameters")
+        if cfg.optimizer_offload_device != "none" and cfg.stage == 0:
+            raise ZeroConfigError(f"zero_optimization.offload_optimizer (device {cfg.optimizer_offload_device!r}) "
+                                  f"needs stage 1, 2 or 3 (stage is 0)")
         if self.precision.dtype == "fp32" and self.precision.master_dtype != "fp32":
             raise ZeroConfigError("low-precision master weights need fp16 or bf16 training")
 
@@ -138,6 +146,13 @@ class ZeroOptimizer:
             if flat.separate_master:
                 flat.master.copy_(flat.model_shard())
 
+    def _make_stepper(self) -> InMemoryStep | SwappedStep:
+        if self.config.optimizer_offload_device != "nvme":
+            return InMemoryStep(self.optimizer, self.groups, self.offload)
+        size = self.config.sub_group_size
+        return SwappedStep(self.optimizer, self.groups, self.config.offload_optimizer,
+                           size if isinstance(size, int) else 1_000_000_000, dist.get_rank(), self.aio)
+
     def _make_reducer(self, average: bool):
         if self.stage <= 1:
             return FlatReducer(self.groups, self.process_group, partition=self.stage == 1, average=average)
@@ -190,12 +205,8 @@ class ZeroOptimizer:
             factor = self.gradient_clipping / (norm + 1e-6)
             for grad in grads:
                 grad.mul_(factor)
-        for flat, grad in zip(self.groups, grads):
-            flat.master_param.grad = grad
-        self.optimizer.step()
-        for flat in self.groups:
-            flat.master_param.grad = None
-        self._share_updated_weights()
+        self.stepper.step(grads)  # updates the masters and copies them into this rank's model shard
+        self._publish_weights()
         self.scaler.update(False)
         self.reducer.zero()
         return True
@@ -207,9 +218,17 @@ class ZeroOptimizer:
         return sq_sum, math.isfinite(sq_sum)
 
     def _share_updated_weights(self) -> None:
+        """After the masters changed outside a step (loading): into the model shards, then to every rank."""
         for flat in self.groups:
             flat.master_to_model()
-            if self.stage in (1, 2) and self.world > 1:
+        self._publish_weights()
+
+    def _publish_weights(self) -> None:
+        """Every rank's updated shard to where the model reads it."""
+        for flat in self.groups:
+            if self.stage == 3:
+                flat.refresh()  # units that stay gathered show the new weights
+            elif self.stage in (1, 2) and self.world > 1:
                 dscomm.all_gather_into_tensor(flat.model_flat, flat.model_shard().clone(), group=self.process_group,
                                               log_name="zero_allgather_params")
 
@@ -220,15 +239,17 @@ class ZeroOptimizer:
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
         """This rank's shard: master weights, optimizer state and loss scaler (same world size to load)."""
-        return {
-            "zero_stage": self.stage,
-            "world_size": self.world if self.stage >= 1 else 1,
-            "rank": self.rank,
-            "master": [flat.master.clone() for flat in self.groups],
-            "optimizer": self.optimizer.state_dict(),
-            "scaler": self.scaler.state_dict(),
-            "skipped_steps": self.skipped_steps,
-        }
+        with self.stepper.resident():
+            return {
+                "zero_stage": self.stage,
+                "world_size": self.world if self.stage >= 1 else 1,
+                "rank": self.rank,
+                "master": [flat.master.clone() for flat in self.groups],
+                "optimizer": copy.deepcopy(self.optimizer.state_dict()) if self.stepper.where == "nvme"
+                else self.optimizer.state_dict(),
+                "scaler": self.scaler.state_dict(),
+                "skipped_steps": self.skipped_steps,
+            }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         expected = self.world if self.stage >= 1 else 1
@@ -236,41 +257,56 @@ class ZeroOptimizer:
             raise ZeroError(f"state_dict is for stage {state.get('zero_stage')} at world size {state.get('world_size')}; "
                             f"this optimizer is stage {self.stage} at {expected}: use dszero.save / dszero.load to "
                             f"change world size")
-        for flat, master in zip(self.groups, state["master"], strict=True):
-            flat.master.copy_(master)
-        self.optimizer.load_state_dict(state["optimizer"])
+        with self.stepper.resident(write_back=True):
+            for flat, master in zip(self.groups, state["master"], strict=True):
+                flat.master.copy_(master)
+            self.optimizer.load_state_dict(state["optimizer"])
+            self._share_updated_weights()
         self.scaler.load_state_dict(state["scaler"])
         self.skipped_steps = int(state.get("skipped_steps", 0))
-        self._share_updated_weights()
 
     def save(self, directory) -> Any:
         """Write a sharded checkpoint (collective); see dszero.checkpoint."""
         from .checkpoint import save
 
-        return save(self, directory)
+        with self.stepper.resident():
+            return save(self, directory)
 
     def load(self, directory, load_optimizer_states: bool = True) -> None:
         """Load a checkpoint saved at any data-parallel world size (collective)."""
         from .checkpoint import load
 
-        load(self, directory, load_optimizer_states)
+        with self.stepper.resident(write_back=True):
+            load(self, directory, load_optimizer_states)
 
     # ------------------------------------------------------------------ memory
     def memory_report(self) -> dict[str, int]:
-        """Bytes this rank holds: parameters, gradients, master weights, optimizer state, comm buffers.
+        """Bytes this rank holds, by kind, and by where they live.
 
-        At stage 3 "parameters" is this rank's shards; gathered parameters count as buffers.
+        Kinds: parameters (at stage 3 this rank's shards; gathered parameters count as communication
+        buffers), gradients, master_weights (when separate from the parameters), optimizer_state,
+        communication_buffers and offload_buffers (host buffers that NVMe swapping reads into); total
+        is their sum. Places: device_bytes (the compute device's memory), cpu_offload_bytes (host
+        buffers of CPU offload) and nvme_bytes (swap files); they add up to total too.
         """
+        entries = []  # (kind, place, bytes)
         if self.stage == 3:
-            params = sum(u.shard.numel() * u.shard.element_size() for u in self.groups)
+            entries += [("parameters", u.home.where, u.home.nbytes) for u in self.groups]
+            if self.param_homes is not None:
+                entries.append(("offload_buffers", "cpu", self.param_homes.buffer_bytes()))
         else:
-            params = sum(f.model_flat.numel() * f.model_flat.element_size() for f in self.groups)
-        master = sum(f.master.numel() * f.master.element_size() for f in self.groups if f.separate_master)
-        state = 0
-        for per_param in self.optimizer.state.values():
-            for value in per_param.values():
-                if torch.is_tensor(value):
-                    state += value.numel() * value.element_size()
-        return {"parameters": params, "gradients": self.reducer.buffer_bytes(), "master_weights": master,
-                "optimizer_state": state, "communication_buffers": self.reducer.comm_buffer_bytes(),
-                "total": params + self.reducer.buffer_bytes() + master + state + self.reducer.comm_buffer_bytes()}
+            entries += [("parameters", "device", f.model_flat.numel() * f.model_flat.element_size())
+                        for f in self.groups]
+        entries.append(("gradients", "device", self.reducer.buffer_bytes()))
+        entries.append(("master_weights", self.stepper.where, self.stepper.master_bytes()))
+        entries.append(("optimizer_state", self.stepper.where, self.stepper.state_bytes()))
+        entries.append(("offload_buffers", "cpu", self.stepper.buffer_bytes()))
+        entries.append(("communication_buffers", "device", self.reducer.comm_buffer_bytes()))
+        kinds = ("parameters", "gradients", "master_weights", "optimizer_state", "communication_buffers",
+                 "offload_buffers")
+        report = {kind: sum(n for k, _, n in entries if k == kind) for kind in kinds}
+        report["total"] = sum(n for _, _, n in entries)
+        for place in ("device", "cpu", "nvme"):
+            report[f"{place}_offload_bytes" if place == "cpu" else f"{place}_bytes"] = sum(
+                n for _, p, n in entries if p == place)
+        return report

@@ -8,6 +8,7 @@ does; whatever is left when backward ends is launched then, missing gradients co
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -43,3 +44,18 @@ class InOrderLauncher:
         self.next = 0
         self.callback_queued = False
         self.on_end()
+
+
+def weakly(method: Callable) -> Callable:
+    """A hook that calls a bound method without keeping its object alive.
+
+    Gradient hooks live on the parameter tensors, where the garbage collector cannot follow them:
+    a hook holding its reducer would keep the reducer, and through it the model, alive forever.
+    """
+    ref = weakref.WeakMethod(method)
+
+    def hook(*args):
+        bound = ref()
+        if bound is not None:
+            bound(*args)
+    return hook

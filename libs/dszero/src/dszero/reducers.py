@@ -19,7 +19,7 @@ import torch.distributed as dist
 import dscomm
 
 from .flat import FlatGroup
-from .ordered import InOrderLauncher
+from .ordered import InOrderLauncher, weakly
 
 
 class FlatReducer:
@@ -140,7 +140,7 @@ class BucketReducer:
         self.hooks = []
         for group in groups:
             for param in group.params:
-                self.hooks.append(param.register_post_accumulate_grad_hook(self._on_grad))
+                self.hooks.append(param.register_post_accumulate_grad_hook(weakly(self._on_grad)))
 
     def _add_bucket(self, group_index: int, params: list[int], group: FlatGroup) -> None:
         bucket = _Bucket(group_index, list(params), group)

@@ -10,6 +10,7 @@ by unit during backward, launched in a fixed order so every rank issues the same
 
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Any
 
@@ -19,7 +20,9 @@ import torch.distributed as dist
 import dscomm
 
 from .layout import GroupLayout
-from .ordered import InOrderLauncher
+from .offload.param_homes import DeviceHome
+from .offload.pinned import host_copy
+from .ordered import InOrderLauncher, weakly
 
 # The embedding's input (token ids) never requires grad, so torch notes that its backward pre-hook
 # fires on output gradients; that is exactly what stage 3 wants, so the note is noise here.
@@ -31,53 +34,71 @@ FUSED_MODULES: tuple[type, ...] = (torch.nn.MultiheadAttention,)
 
 
 class Unit:
-    """One module's parameters of one optimizer group, partitioned over the data-parallel ranks."""
+    """One module's parameters of one optimizer group, partitioned over the data-parallel ranks.
+
+    The shard lives in `home` (the device, a CPU buffer or an NVMe file: see offload.param_homes);
+    the master weights on `master_device`, shared with the shard when dtype and place agree.
+    """
 
     def __init__(self, module: torch.nn.Module, params: list[torch.nn.Parameter], names: list[str], world: int,
-                 rank: int, master_dtype: torch.dtype, persistent: bool, group: Any):
+                 rank: int, master_dtype: torch.dtype, persistent: bool, group: Any, homes: Any = None,
+                 master_device: torch.device | None = None, pin_master: bool = False, own_master: bool = False):
         self.module = module
         self.params = params
         self.names = names
-        self.layout = GroupLayout.build(names, [p.shape for p in params], world, alignment=4)
+        self.layout = GroupLayout.build(names, [full_shape(p) for p in params], world, alignment=4)
         self.shard_rank = rank
         self.group = group
         self.persistent = persistent
         self.dtype = params[0].dtype
-        self.model_flat = torch.zeros(self.layout.padded_numel, dtype=self.dtype, device=params[0].device)
+        device = params[0].device
+        self.model_flat = torch.zeros(self.layout.padded_numel, dtype=self.dtype, device=device)
         for param, slot in zip(params, self.layout.slots):
             view = self.model_flat[slot.offset:slot.end].view(slot.shape)
-            view.copy_(param.data)
+            copy_full_value(param, view)
             param.data = view
         if world > 1:  # every rank starts from rank 0's weights
             dscomm.broadcast(self.model_flat, dist.get_global_rank(group, 0) if group is not None else 0, group=group,
                              log_name="zero3_broadcast_weights")
-        self.shard = self.model_flat[self.layout.shard_range(rank)[0]:self.layout.shard_range(rank)[1]].clone()
-        self.separate_master = master_dtype != self.dtype
-        self.master = self.shard.to(master_dtype) if self.separate_master else self.shard
+        lo, hi = self.layout.shard_range(rank)
+        shard = self.model_flat[lo:hi]
+        self.home = homes.make(shard) if homes is not None else DeviceHome(shard)
+        master_device = master_device or device
+        resident = self.home.resident()
+        # own_master: the master must not share the shard's memory (optimizer offload keeps it apart).
+        self.separate_master = own_master or not (master_dtype == self.dtype and resident is not None
+                                                  and resident.device == master_device)
+        if not self.separate_master:
+            self.master = resident
+        elif master_device.type == "cpu":  # optimizer offload: the master in its own host buffer
+            self.master = host_copy(shard, master_dtype, pin_master, "zero_optimization.offload_optimizer")
+        else:
+            self.master = shard.to(device=master_device, dtype=master_dtype, copy=True)
         self.master_param = torch.nn.Parameter(self.master, requires_grad=False)
-        for param in params:
+        self.master_writer: Any = None  # set when the master lives in a swap file (NVMe optimizer offload)
+        for param, slot in zip(params, self.layout.slots):
             param._dszero_unit = self  # lets GatheredParameters find the unit of any parameter
+            param.ds_shape, param.ds_numel = slot.shape, slot.numel  # DeepSpeed's names, for user code
         self.gathered = True
-        self.grad_shard = torch.zeros_like(self.shard)
-        self.empty = torch.empty(0, dtype=self.dtype, device=self.model_flat.device)  # what released params hold
+        self.grad_shard = torch.zeros(self.layout.shard_numel, dtype=self.dtype, device=device)
+        self.empty = torch.empty(0, dtype=self.dtype, device=device)  # what released params hold
         self.release()
 
     @property
     def shard_numel(self) -> int:
         return self.layout.shard_numel
 
-    def model_shard(self) -> torch.Tensor:
-        return self.shard
-
     def gather(self) -> None:
         if self.gathered:
             return
         storage = self.model_flat.untyped_storage()
         storage.resize_(self.layout.padded_numel * self.model_flat.element_size())
+        shard = self.home.fetch()
         if dist.get_world_size(self.group) > 1:
-            dscomm.all_gather_into_tensor(self.model_flat, self.shard, group=self.group, log_name="zero3_gather")
+            dscomm.all_gather_into_tensor(self.model_flat, shard, group=self.group, log_name="zero3_gather")
         else:
-            self.model_flat.copy_(self.shard)
+            self.model_flat.copy_(shard)
+        self.home.done()
         for param, slot in zip(self.params, self.layout.slots):
             param.data = self.model_flat[slot.offset:slot.end].view(slot.shape)
         self.gathered = True
@@ -95,14 +116,21 @@ class Unit:
     def update_from_full(self) -> None:
         """After a gathered parameter was modified in place: take this rank's shard from the full buffer."""
         lo, hi = self.layout.shard_range(self.shard_rank)
-        self.shard.copy_(self.model_flat[lo:hi])
-        if self.separate_master:
-            self.master.copy_(self.shard)
+        values = self.model_flat[lo:hi]
+        self.home.store(values)
+        if self.master_writer is not None:
+            self.master_writer(self, values)
+        elif self.separate_master:
+            self.master.copy_(values)
 
     def master_to_model(self) -> None:
+        """Copy the updated master shard into the parameter shard (refresh() then re-gathers kept units)."""
         if self.separate_master:
-            self.shard.copy_(self.master)
-        if self.gathered:  # persistent units: refresh the whole buffer
+            self.home.store(self.master)
+
+    def refresh(self) -> None:
+        """Re-gather a unit that stays gathered (persistent), so it shows the updated weights."""
+        if self.gathered:
             self.gathered = False
             self.gather()
 
@@ -110,11 +138,35 @@ class Unit:
         return self.model_flat.numel() * self.model_flat.element_size() if self.gathered else 0
 
 
+def full_shape(param: torch.Tensor) -> tuple[int, ...]:
+    """The shape a parameter has when gathered (it is empty while partitioned)."""
+    unit = getattr(param, "_dszero_unit", None)
+    return tuple(param.ds_shape) if unit is not None else tuple(param.shape)
+
+
+def full_numel(param: torch.Tensor) -> int:
+    return math.prod(full_shape(param))
+
+
+def copy_full_value(param: torch.Tensor, target: torch.Tensor) -> None:
+    """Copy a parameter's whole value into `target`, gathering it first if it is partitioned (dszero.Init)."""
+    unit = getattr(param, "_dszero_unit", None)
+    if unit is None:
+        target.copy_(param.data)
+        return
+    was = unit.gathered
+    unit.gather()
+    target.copy_(param.data)
+    if not was:
+        unit.release()
+
+
 class Stage3:
     """The hooks that gather, release and reduce, and the units they act on."""
 
     def __init__(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer, group: Any, master_dtype,
-                 persistence_threshold: int, average: bool):
+                 persistence_threshold: int, average: bool, homes: Any = None,
+                 master_device: torch.device | None = None, pin_master: bool = False, own_master: bool = False):
         self.group = group
         self.world = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
@@ -141,9 +193,9 @@ class Stage3:
             own = [p for p in candidates if id(p) in group_of and id(p) not in self.unit_of_param]
             for index in sorted({group_of[id(p)] for p in own}):
                 params = [p for p in own if group_of[id(p)] == index]
-                numel = sum(p.numel() for p in params)
+                numel = sum(full_numel(p) for p in params)
                 unit = Unit(submodule, params, [names[id(p)] for p in params], self.world, self.rank, master_dtype,
-                            numel < persistence_threshold, group)
+                            numel < persistence_threshold, group, homes, master_device, pin_master, own_master)
                 self.units.append(unit)
                 per_group[index].append(unit)
                 for p in params:
@@ -185,8 +237,9 @@ class Stage3:
             unit.gather()
 
     def _grad_hook(self, position: int, index: int):
+        mark = weakly(self.launcher.mark_ready)  # weak: see ordered.weakly
         def hook(param):
-            self.launcher.mark_ready(position, index)
+            mark(position, index)
         return hook
 
     def _release_all(self) -> None:
@@ -194,7 +247,7 @@ class Stage3:
             unit.release()
 
     def _reduce(self, unit: Unit) -> None:
-        flat = torch.zeros(unit.layout.padded_numel, dtype=unit.dtype, device=unit.shard.device)
+        flat = torch.zeros(unit.layout.padded_numel, dtype=unit.dtype, device=unit.grad_shard.device)
         for param, slot in zip(unit.params, unit.layout.slots):
             if param.grad is not None:
                 flat[slot.offset:slot.end].copy_(param.grad.reshape(-1))

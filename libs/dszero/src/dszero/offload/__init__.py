@@ -1,0 +1,1 @@
+"""Offload: where partitioned state lives when it is not on the compute device (CPU buffers, NVMe files)."""
