@@ -1,5 +1,6 @@
 """dszero: ZeRO for any torch module and optimizer: partitioned optimizer state (stage 1), gradients
-(stage 2), mixed precision with loss scaling, and checkpoints that load at any world size.
+(stage 2) and parameters (stage 3, `Init`), CPU/NVMe offload, mixed precision with loss scaling, and
+checkpoints that load at any world size.
 
     zero = dszero.ZeroOptimizer(model, torch.optim.AdamW(model.parameters()), dsconfig.ZeroConfig(stage=2))
 """
@@ -13,6 +14,7 @@ from .estimators import (
     estimate_zero3_model_states_mem_needs_all_cold,
     estimate_zero3_model_states_mem_needs_all_live,
 )
+from .init import Init
 from .layout import GroupLayout, Slot
 from .optimizer import ZeroOptimizer
 from .precision import DynamicLossScaler, LossScaler, Precision
@@ -23,6 +25,7 @@ __all__ = [
     "DynamicLossScaler",
     "GatheredParameters",
     "GroupLayout",
+    "Init",
     "LossScaler",
     "Precision",
     "Slot",

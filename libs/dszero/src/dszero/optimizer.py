@@ -62,6 +62,9 @@ class ZeroOptimizer:
         self.scaler = self.precision.make_scaler()
         self.global_grad_norm: float | None = None
         self.skipped_steps = 0
+        if self.stage != 3 and any(getattr(p, "_dszero_unit", None) is not None for p in module.parameters()):
+            raise ZeroConfigError(f"the module's parameters are partitioned (built inside dszero.Init, or wrapped by a "
+                                  f"stage-3 ZeroOptimizer); zero_optimization.stage must be 3, not {self.stage}")
         if self.stage == 3:
             if optimizer.state:
                 raise ZeroError("the optimizer already has state (it has stepped); wrap it in ZeroOptimizer first")

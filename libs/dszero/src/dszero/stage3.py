@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 import dscomm
 
+from .errors import ZeroError
 from .layout import GroupLayout
 from .offload.param_homes import DeviceHome
 from .offload.pinned import host_copy
@@ -42,8 +43,10 @@ class Unit:
 
     def __init__(self, module: torch.nn.Module, params: list[torch.nn.Parameter], names: list[str], world: int,
                  rank: int, master_dtype: torch.dtype, persistent: bool, group: Any, homes: Any = None,
-                 master_device: torch.device | None = None, pin_master: bool = False, own_master: bool = False):
+                 master_device: torch.device | None = None, pin_master: bool = False, own_master: bool = False,
+                 partition_only: bool = False):
         self.module = module
+        self.partition_only = partition_only  # dszero.Init's units: a shard to gather, no optimizer side
         self.params = params
         self.names = names
         self.layout = GroupLayout.build(names, [full_shape(p) for p in params], world, alignment=4)
@@ -65,22 +68,25 @@ class Unit:
         self.home = homes.make(shard) if homes is not None else DeviceHome(shard)
         master_device = master_device or device
         resident = self.home.resident()
-        # own_master: the master must not share the shard's memory (optimizer offload keeps it apart).
-        self.separate_master = own_master or not (master_dtype == self.dtype and resident is not None
-                                                  and resident.device == master_device)
-        if not self.separate_master:
-            self.master = resident
-        elif master_device.type == "cpu":  # optimizer offload: the master in its own host buffer
-            self.master = host_copy(shard, master_dtype, pin_master, "zero_optimization.offload_optimizer")
+        if partition_only:
+            self.separate_master, self.master, self.master_param = False, None, None
         else:
-            self.master = shard.to(device=master_device, dtype=master_dtype, copy=True)
-        self.master_param = torch.nn.Parameter(self.master, requires_grad=False)
+            # own_master: the master must not share the shard's memory (optimizer offload keeps it apart).
+            self.separate_master = own_master or not (master_dtype == self.dtype and resident is not None
+                                                      and resident.device == master_device)
+            if not self.separate_master:
+                self.master = resident
+            elif master_device.type == "cpu":  # optimizer offload: the master in its own host buffer
+                self.master = host_copy(shard, master_dtype, pin_master, "zero_optimization.offload_optimizer")
+            else:
+                self.master = shard.to(device=master_device, dtype=master_dtype, copy=True)
+            self.master_param = torch.nn.Parameter(self.master, requires_grad=False)
         self.master_writer: Any = None  # set when the master lives in a swap file (NVMe optimizer offload)
         for param, slot in zip(params, self.layout.slots):
             param._dszero_unit = self  # lets GatheredParameters find the unit of any parameter
             param.ds_shape, param.ds_numel = slot.shape, slot.numel  # DeepSpeed's names, for user code
         self.gathered = True
-        self.grad_shard = torch.zeros(self.layout.shard_numel, dtype=self.dtype, device=device)
+        self.grad_shard = torch.zeros(0 if partition_only else self.layout.shard_numel, dtype=self.dtype, device=device)
         self.empty = torch.empty(0, dtype=self.dtype, device=device)  # what released params hold
         self.release()
 
@@ -211,6 +217,12 @@ class Stage3:
                 submodule.register_forward_pre_hook(self._before_forward)
                 submodule.register_forward_hook(self._after_forward)
                 submodule.register_full_backward_pre_hook(self._before_backward)
+        left_out = [n for n, p in module.named_parameters()
+                    if getattr(getattr(p, "_dszero_unit", None), "partition_only", False)]
+        if left_out:
+            raise ZeroError(f"{len(left_out)} parameter(s) partitioned by dszero.Init are not trainable parameters "
+                            f"of the optimizer (first: {left_out[0]}); give the optimizer every parameter built "
+                            f"inside dszero.Init, or build the untrained ones outside it")
         for index, units in enumerate(per_group):
             optimizer.param_groups[index]["params"] = [u.master_param for u in units]
         # Listed as the optimizer enumerates its parameters, which is how its state_dict numbers them.
