@@ -18,9 +18,9 @@ import torch
 import dstrain as deepspeed
 
 sys.path.insert(0, str(Path(__file__).parent))
-from gpt_model import GPT  # noqa: E402
-from progress import ProgressBar  # noqa: E402
-from text_corpus import CharWindows, stdlib_bytes  # noqa: E402
+from gpt_model import GPT
+from progress import ProgressBar
+from text_corpus import CharWindows, stdlib_bytes
 
 
 def parse_args() -> argparse.Namespace:
@@ -58,7 +58,7 @@ def main() -> None:
     config_name = Path(args.deepspeed_config).stem if args.deepspeed_config else "config"
     ckpt_dir = Path(args.out) / "checkpoints" / config_name
     if args.resume:
-        path, client = engine.load_checkpoint(ckpt_dir)
+        path, _client = engine.load_checkpoint(ckpt_dir)
         if path is None and rank == 0:
             print(f"--resume: no checkpoint in {ckpt_dir} yet; starting from step 0", flush=True)
     if rank == 0:

@@ -17,6 +17,7 @@ from .errors import DstrainError
 from .logs import log_on_rank0
 from .precision_setup import PrecisionSetup
 from .step_reporting import StepReporter
+from .tensorwise import TensorwiseOnFlat, needs_whole_tensors
 
 
 class DeepSpeedEngine(torch.nn.Module):
@@ -109,11 +110,18 @@ class DeepSpeedEngine(torch.nn.Module):
     def _wrap_optimizer(self, basic: torch.optim.Optimizer) -> dszero.ZeroOptimizer:
         cfg = self._config
         clipping = cfg.gradient_clipping if isinstance(cfg.gradient_clipping, (int, float)) else 0.0
-        return dszero.ZeroOptimizer(
-            self.module, basic, cfg.zero_optimization, precision=self.precision.precision,
+        tensorwise = TensorwiseOnFlat(basic) if needs_whole_tensors(basic) else None
+        if tensorwise is not None:
+            tensorwise.check_stage(cfg.zero_optimization.stage, type(basic).__name__)
+            self.basic_optimizer = tensorwise  # what schedulers and get_lr() see
+        zero = dszero.ZeroOptimizer(
+            self.module, tensorwise or basic, cfg.zero_optimization, precision=self.precision.precision,
             gradient_clipping=float(clipping), group=self.data_parallel_group,
             aio=cfg.aio.handle_kwargs(), gradient_average=cfg.gradient_allreduce_op == "mean",
             grad_accum_dtype=self.precision.grad_accum_dtype)
+        if tensorwise is not None:
+            tensorwise.bind(zero.groups)
+        return zero
 
     def _build_scheduler(self, client: Any) -> Any:
         config = self._config.scheduler

@@ -19,6 +19,8 @@ import torch
 class Lamb(torch.optim.Optimizer):
     """Layer-wise adaptive moments (LAMB): Adam moments scaled per tensor by a clamped trust ratio."""
 
+    needs_whole_tensors = True  # per-tensor update: the engine runs it on views of ZeRO's flat buffers
+
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, bias_correction: bool = True,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, eps_inside_sqrt: bool = False,
                  weight_decay: float = 0.0, max_grad_norm: float = 0.0, max_coeff: float = 10.0,

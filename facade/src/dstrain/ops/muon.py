@@ -120,6 +120,8 @@ class Muon(torch.optim.Optimizer):
     carry `muon_num_heads` are orthogonalised head by head (rows split into that many heads).
     """
 
+    needs_whole_tensors = True  # per-tensor update: the engine runs it on views of ZeRO's flat buffers
+
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, momentum: float = 0.95, weight_decay: float = 0.0,
                  muon_lr: float | None = None, adam_lr: float | None = None,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, ns_method: str = "gram",

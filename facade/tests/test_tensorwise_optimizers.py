@@ -1,0 +1,91 @@
+"""Lamb and Muon (whole-tensor updates) through the engine equal the same optimizer on the bare model,
+and their state survives a checkpoint exactly."""
+
+import pytest
+import torch
+from engine_models import TokenDataset, config, make_model
+
+import dstrain
+from dscomm.testing import run_ranks
+from dstrain.ops import Lamb, Muon
+
+OPTIMIZERS = {
+    "Lamb": ({"type": "Lamb", "params": {"lr": 1e-2, "weight_decay": 0.01}}, lambda p: Lamb(p, lr=1e-2,
+                                                                                           weight_decay=0.01)),
+    "Muon": ({"type": "Muon", "params": {"lr": 1e-2, "momentum": 0.9}}, lambda p: Muon(p, lr=1e-2, momentum=0.9)),
+}
+STEPS = 4
+
+
+def engine_run(rank, world, name, stage=0):
+    model = make_model()
+    engine, *_ = dstrain.initialize(model=model, config=config(stage=stage, optimizer=OPTIMIZERS[name][0]))
+    data = TokenDataset().data
+    losses = []
+    for i in range(STEPS):
+        loss = engine(data[i * 4:(i + 1) * 4])
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    return losses, [p.detach().clone() for p in model.parameters()]
+
+
+def bare_run(rank, world, name):
+    model = make_model()
+    optimizer = OPTIMIZERS[name][1](model.parameters())
+    data = TokenDataset().data
+    losses = []
+    for i in range(STEPS):
+        loss = model(data[i * 4:(i + 1) * 4])
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses, [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("name", ["Lamb", "Muon"])
+def test_engine_equals_the_bare_optimizer(name):
+    (got,) = run_ranks(engine_run, 1, name)
+    (expected,) = run_ranks(bare_run, 1, name)
+    torch.testing.assert_close(torch.tensor(got[0]), torch.tensor(expected[0]), rtol=1e-5, atol=1e-6)
+    for a, b in zip(got[1], expected[1], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def resume_run(rank, world, name, directory, resume):
+    engine, *_ = dstrain.initialize(model=make_model(), config=config(optimizer=OPTIMIZERS[name][0]))
+    data = TokenDataset().data
+    if resume:
+        engine.load_checkpoint(directory)
+    else:
+        for i in range(3):
+            engine.backward(engine(data[i * 4:(i + 1) * 4]))
+            engine.step()
+        engine.save_checkpoint(directory)
+    losses = []
+    for i in range(3, 6):
+        loss = engine(data[i * 4:(i + 1) * 4])
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("name", ["Lamb", "Muon"])
+def test_state_survives_a_checkpoint_exactly(tmp_path, name):
+    original = run_ranks(resume_run, 2, name, str(tmp_path), False)
+    resumed = run_ranks(resume_run, 2, name, str(tmp_path), True)
+    assert resumed == original
+
+
+def test_whole_tensor_optimizers_at_a_partitioning_stage_are_refused_by_key():
+    def attempt(rank, world):
+        try:
+            engine_run(rank, world, "Lamb", stage=1)
+        except dstrain.ConfigError as exc:
+            return str(exc)
+        return ""
+
+    message = run_ranks(attempt, 1)[0]
+    assert "zero_optimization.stage" in message and "Lamb" in message
