@@ -27,6 +27,7 @@ from .offload.optimizer_swap import SwappedStep
 from .offload.param_homes import ParamHomes
 from .precision import Precision
 from .reducers import BucketReducer, FlatReducer
+from .reuse import ReusePolicy
 from .stage3 import Stage3
 from .steps import InMemoryStep
 
@@ -74,7 +75,7 @@ class ZeroOptimizer:
             self.param_homes = ParamHomes(self.config.offload_param, dist.get_rank(), self.aio)
             self.reducer = Stage3(module, optimizer, self.process_group, self.precision.master_torch_dtype,
                                   threshold if isinstance(threshold, int) else 100_000, gradient_average,
-                                  homes=self.param_homes,
+                                  homes=self.param_homes, reuse=self._reuse_policy(),
                                   master_device=torch.device("cpu") if self.offload else None,
                                   pin_master=bool(self.offload and offload.pin_memory),
                                   own_master=self.offload)  # offloaded masters get their own host buffers
@@ -148,6 +149,13 @@ class ZeroOptimizer:
             dscomm.broadcast(flat.model_flat, src, group=self.process_group, log_name="zero_broadcast_weights")
             if flat.separate_master:
                 flat.master.copy_(flat.model_shard())
+
+    def _reuse_policy(self) -> ReusePolicy:
+        cfg = self.config
+        distance, live = cfg.stage3_max_reuse_distance, cfg.stage3_max_live_parameters
+        # "auto": the reference's defaults
+        return ReusePolicy(distance if isinstance(distance, int) else 1_000_000_000,
+                           live if isinstance(live, int) else 1_000_000_000)
 
     def _make_stepper(self) -> InMemoryStep | SwappedStep:
         if self.config.optimizer_offload_device != "nvme":

@@ -24,6 +24,7 @@ from .layout import GroupLayout
 from .offload.param_homes import DeviceHome
 from .offload.pinned import host_copy
 from .ordered import InOrderLauncher, weakly
+from .reuse import ReusePolicy
 
 # The embedding's input (token ids) never requires grad, so torch notes that its backward pre-hook
 # fires on output gradients; that is exactly what stage 3 wants, so the note is noise here.
@@ -86,6 +87,7 @@ class Unit:
             param._dszero_unit = self  # lets GatheredParameters find the unit of any parameter
             param.ds_shape, param.ds_numel = slot.shape, slot.numel  # DeepSpeed's names, for user code
         self.gathered = True
+        self.gather_count = 0  # all-gathers done, for tests and reports
         self.grad_shard = torch.zeros(0 if partition_only else self.layout.shard_numel, dtype=self.dtype, device=device)
         self.empty = torch.empty(0, dtype=self.dtype, device=device)  # what released params hold
         self.release()
@@ -99,6 +101,7 @@ class Unit:
             return
         storage = self.model_flat.untyped_storage()
         storage.resize_(self.layout.padded_numel * self.model_flat.element_size())
+        self.gather_count += 1
         shard = self.home.fetch()
         if dist.get_world_size(self.group) > 1:
             dscomm.all_gather_into_tensor(self.model_flat, shard, group=self.group, log_name="zero3_gather")
@@ -171,12 +174,13 @@ class Stage3:
     """The hooks that gather, release and reduce, and the units they act on."""
 
     def __init__(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer, group: Any, master_dtype,
-                 persistence_threshold: int, average: bool, homes: Any = None,
+                 persistence_threshold: int, average: bool, homes: Any = None, reuse: ReusePolicy | None = None,
                  master_device: torch.device | None = None, pin_master: bool = False, own_master: bool = False):
         self.group = group
         self.world = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         self.average = average
+        self.reuse = reuse or ReusePolicy(0, 0)
         names = {id(p): n for n, p in module.named_parameters()}
         group_of = {id(p): i for i, g in enumerate(optimizer.param_groups) for p in g["params"] if p.requires_grad}
         self.units: list[Unit] = []
@@ -235,18 +239,23 @@ class Stage3:
                 param.register_post_accumulate_grad_hook(self._grad_hook(position, index))
 
     # ------------------------------------------------------------------ hooks
-    def _before_forward(self, module, args):
+    def _need(self, module) -> None:
         for unit in self.units_of_module[id(module)]:
+            if not unit.persistent:
+                self.reuse.on_gather(id(unit), unit.layout.padded_numel)
             unit.gather()
+
+    def _before_forward(self, module, args):
+        self._need(module)
 
     def _after_forward(self, module, args, output):
-        # Released now; the backward pre-hook gathers them again before autograd reads them.
+        # Released now unless reused soon; the backward pre-hook gathers them again before autograd reads them.
         for unit in self.units_of_module[id(module)]:
-            unit.release()
+            if not self.reuse.keep_after_forward(id(unit), unit.layout.padded_numel):
+                unit.release()
 
     def _before_backward(self, module, grad_output):
-        for unit in self.units_of_module[id(module)]:
-            unit.gather()
+        self._need(module)
 
     def _grad_hook(self, position: int, index: int):
         mark = weakly(self.launcher.mark_ready)  # weak: see ordered.weakly
@@ -257,6 +266,7 @@ class Stage3:
     def _release_all(self) -> None:
         for unit in self.units:
             unit.release()
+        self.reuse.end_of_step()
 
     def _reduce(self, unit: Unit) -> None:
         flat = torch.zeros(unit.layout.padded_numel, dtype=unit.dtype, device=unit.grad_shard.device)
@@ -272,6 +282,7 @@ class Stage3:
         else:
             unit.grad_shard.add_(flat)
         unit.release()
+        self.reuse.released(id(unit))
 
     # ------------------------------------------------------------------ for the optimizer
     def grad_shards(self) -> list[torch.Tensor]:

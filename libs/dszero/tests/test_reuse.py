@@ -1,0 +1,75 @@
+"""stage3_max_reuse_distance / stage3_max_live_parameters: units reused soon stay gathered."""
+
+import pytest
+import torch
+from models import batches, loss_of, make_model
+
+import dszero
+from dscomm.testing import run_ranks
+from dsconfig import ZeroConfig
+from dszero.reuse import ReusePolicy
+
+
+def run_step(policy, order, sizes):
+    kept = []
+    for key, phase in order:
+        if phase == "fwd":
+            policy.on_gather(key, sizes[key])
+            if policy.keep_after_forward(key, sizes[key]):
+                kept.append(key)
+        else:
+            policy.on_gather(key, sizes[key])
+            policy.released(key)
+    policy.end_of_step()
+    return kept
+
+
+ORDER = [(0, "fwd"), (1, "fwd"), (2, "fwd"), (2, "bwd"), (1, "bwd"), (0, "bwd")]
+SIZES = {0: 100, 1: 10, 2: 1}
+
+
+@pytest.mark.parametrize(("distance", "live", "kept"), [
+    (10**9, 10**9, [0, 1, 2]),   # the defaults: everything reused within the step stays
+    (0, 10**9, []),              # 0 turns it off: every unit is released after its forward
+    (1, 10**9, [2]),             # the last unit's backward comes right after its forward
+    (11, 10**9, [1, 2]),         # unit 1's reuse is 1 (unit 2) + 1 (unit 2 again) elements away
+    (10**9, 10, [1]),            # the budget: unit 0 (100) never fits, unit 1 (10) does, then unit 2 would not
+], ids=["defaults", "distance0", "distance1", "distance11", "live10"])
+def test_reuse_choices(distance, live, kept):
+    policy = ReusePolicy(distance, live)
+    assert run_step(policy, ORDER, SIZES) == []  # the first step only records
+    assert run_step(policy, ORDER, SIZES) == kept
+
+
+def test_a_different_order_turns_the_policy_off():
+    policy = ReusePolicy(10**9, 10**9)
+    run_step(policy, ORDER, SIZES)
+    assert run_step(policy, [(1, "fwd"), *ORDER[1:]], SIZES) == []
+    assert run_step(policy, ORDER, SIZES) == []
+
+
+def gathers_per_step(rank, world, distance):
+    model = make_model()
+    cfg = ZeroConfig(stage=3, stage3_param_persistence_threshold=0, stage3_max_reuse_distance=distance)
+    zero = dszero.ZeroOptimizer(model, torch.optim.AdamW(model.parameters(), lr=1e-2), cfg)
+    counts, losses = [], []
+    for (tokens,) in batches(3, 1, world, rank):
+        before = sum(u.gather_count for u in zero.groups)
+        loss = loss_of(model, tokens)
+        zero.backward(loss)
+        zero.step()
+        zero.zero_grad()
+        counts.append(sum(u.gather_count for u in zero.groups) - before)
+        losses.append(loss.item())
+    return counts, losses, len(zero.groups), sum(p.numel() for p in model.parameters())
+
+
+def test_reused_units_are_gathered_once_per_step_with_the_same_losses():
+    def both(rank, world):
+        return gathers_per_step(rank, world, 0), gathers_per_step(rank, world, 10**9)
+
+    for (always, losses_always, units, _), (reuse, losses_reuse, _, held) in run_ranks(both, 2, timeout=60):
+        assert always == [2 * units] * 3           # forward and backward each gather every unit
+        assert reuse[0] == 2 * units and reuse[1:] == [units, units]  # recorded, then kept for backward
+        assert losses_reuse == losses_always
+        assert held == 0                           # still all released between steps
