@@ -48,9 +48,9 @@ def test_a_different_order_turns_the_policy_off():
     assert run_step(policy, ORDER, SIZES) == []
 
 
-def gathers_per_step(rank, world, distance):
+def gathers_per_step(rank, world, distance, threshold=0):
     model = make_model()
-    cfg = ZeroConfig(stage=3, stage3_param_persistence_threshold=0, stage3_max_reuse_distance=distance)
+    cfg = ZeroConfig(stage=3, stage3_param_persistence_threshold=threshold, stage3_max_reuse_distance=distance)
     zero = dszero.ZeroOptimizer(model, torch.optim.AdamW(model.parameters(), lr=1e-2), cfg)
     counts, losses = [], []
     for (tokens,) in batches(3, 1, world, rank):
@@ -66,9 +66,11 @@ def gathers_per_step(rank, world, distance):
 
 def test_reused_units_are_gathered_once_per_step_with_the_same_losses():
     def both(rank, world):
-        return gathers_per_step(rank, world, 0), gathers_per_step(rank, world, 10**9)
+        mixed = gathers_per_step(rank, world, 10**9, threshold=3000)  # persistent units beside partitioned ones
+        return gathers_per_step(rank, world, 0), gathers_per_step(rank, world, 10**9), mixed
 
-    for (always, losses_always, units, _), (reuse, losses_reuse, _, held) in run_ranks(both, 2, timeout=60):
+    for (always, losses_always, units, _), (reuse, losses_reuse, _, held), mixed in run_ranks(both, 2, timeout=60):
+        assert mixed[1] == losses_always
         assert always == [2 * units] * 3           # forward and backward each gather every unit
         assert reuse[0] == 2 * units and reuse[1:] == [units, units]  # recorded, then kept for backward
         assert losses_reuse == losses_always

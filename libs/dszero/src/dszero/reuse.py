@@ -37,7 +37,8 @@ class ReusePolicy:
         """Whether the unit whose forward just ended stays gathered for its backward."""
         if self.recording or not self.enabled:
             return False
-        distance = self.reuse_distance[self.last_event[key]]
+        event = self.last_event.get(key)
+        distance = self.reuse_distance[event] if event is not None and event < len(self.reuse_distance) else None
         if distance is None or distance > self.max_reuse_distance:
             return False
         if sum(self.live.values()) + numel > self.max_live:

@@ -251,8 +251,9 @@ class Stage3:
     def _after_forward(self, module, args, output):
         # Released now unless reused soon; the backward pre-hook gathers them again before autograd reads them.
         for unit in self.units_of_module[id(module)]:
-            if not self.reuse.keep_after_forward(id(unit), unit.layout.padded_numel):
-                unit.release()
+            if unit.persistent or self.reuse.keep_after_forward(id(unit), unit.layout.padded_numel):
+                continue
+            unit.release()
 
     def _before_backward(self, module, grad_output):
         self._need(module)
