@@ -39,3 +39,31 @@ def test_csv_and_tensorboard_hold_the_loss_lr_and_timers_by_sample(tmp_path):
     acc = EventAccumulator(str(next(Path(tmp_path / "tb").rglob("events.out.tfevents.*")).parent))
     acc.Reload()
     assert [e.step for e in acc.Scalars("Train/Samples/lr")] == [16, 32, 48, 64]
+
+
+def profiled_run(rank, world, directory):
+    import gc
+
+    import dscomm
+
+    cfg = config(optimizer=ADAMW, flops_profiler={"enabled": True, "profile_step": 2,
+                                                  "output_file": f"{directory}/flops.txt"},
+                 comms_logger={"enabled": True}, disable_python_gc=True, dump_state=True)
+    engine, *_ = dstrain.initialize(model=make_model(), config=cfg)
+    gc_was_disabled = not gc.isenabled()
+    data = TokenDataset().data
+    for i in range(3):
+        engine.backward(engine(data[i * 4:(i + 1) * 4]))
+        engine.step()
+    log = dscomm.get_comms_log()
+    engine.destroy()
+    return gc_was_disabled, gc.isenabled(), sorted(log)
+
+
+def test_flops_profile_comms_log_and_gc_switch(tmp_path, capfd):
+    gc_off, gc_back, ops = run_ranks(profiled_run, 2, str(tmp_path))[0]
+    assert gc_off and gc_back
+    assert "zero_allreduce_grads" in ops  # stage 0 reduces gradients with all_reduce, logged by name
+    profile = (tmp_path / "flops.txt").read_text()
+    assert "Profile Summary at step 2" in profile and "fwd flops per device" in profile
+    assert '"steps_per_print"' in capfd.readouterr().err  # dump_state printed the resolved config
