@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-from gpt_model import GPT  # noqa: E402
+from gpt_model import GPT
 
-import dstrain  # noqa: E402
+import dstrain
 
 
 def batches(count: int, micro: int, seq: int) -> list[torch.Tensor]:

@@ -1,5 +1,6 @@
 """fp16 (dynamic scale, overflow skips, auto_cast), bf16, torch_autocast and communication settings."""
 
+import pytest
 import torch
 from engine_models import ADAMW, TokenDataset, config, make_model
 
@@ -81,10 +82,10 @@ def test_fp16_auto_cast_casts_float_inputs():
     assert run_ranks(auto_cast, 1)[0] == (torch.float16, torch.float16)
 
 
-def grads_after_one_step(rank, world, op):
+def grads_after_one_step(rank, world, op, stage=0, **extra):
     model = make_model()
     engine, *_ = dstrain.initialize(model=model, config=config(optimizer={"type": "SGD", "params": {"lr": 1.0}},
-                                                               gradient_allreduce_op=op))
+                                                               gradient_allreduce_op=op, stage=stage, **extra))
     before = model.head.bias.detach().clone()
     engine.backward(engine(TokenDataset().data[rank * 4:(rank + 1) * 4]))
     engine.step()
@@ -113,3 +114,30 @@ def test_gradient_clipping_bounds_the_update_to_the_clip_norm():
     assert norm > 0.05 and abs(update - 0.05) < 1e-4
     update, norm = run_ranks(clipped_update, 2, 0.0)[0]
     assert abs(update - norm) < 1e-4
+
+
+@pytest.mark.parametrize("stage", [0, 2, 3])
+def test_predivide_and_prescale_give_the_mean(stage):
+    mean = run_ranks(grads_after_one_step, 2, "mean", stage)[0]
+    for extra in ({"gradient_predivide_factor": 4.0}, {"prescale_gradients": True}):
+        got = run_ranks(grads_after_one_step, 2, "mean", stage, **extra)[0]
+        torch.testing.assert_close(got, mean, rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2])
+def test_communication_data_type_reduces_in_that_dtype(stage):
+    exact = run_ranks(grads_after_one_step, 2, "mean", stage)[0]
+    wire = run_ranks(grads_after_one_step, 2, "mean", stage, communication_data_type="bf16")[0]
+    torch.testing.assert_close(wire, exact, rtol=2e-2, atol=1e-4)  # bf16 keeps 8 bits of mantissa
+    assert not torch.equal(wire, exact)
+
+
+def test_communication_data_type_at_stage_3_is_refused_by_key():
+    def attempt(rank, world):
+        try:
+            grads_after_one_step(rank, world, "mean", 3, communication_data_type="bf16")
+        except Exception as exc:
+            return str(exc)
+        return ""
+
+    assert "communication_data_type" in run_ranks(attempt, 1)[0]

@@ -118,7 +118,9 @@ class DeepSpeedEngine(torch.nn.Module):
             self.module, tensorwise or basic, cfg.zero_optimization, precision=self.precision.precision,
             gradient_clipping=float(clipping), group=self.data_parallel_group,
             aio=cfg.aio.handle_kwargs(), gradient_average=cfg.gradient_allreduce_op == "mean",
-            grad_accum_dtype=self.precision.grad_accum_dtype)
+            grad_accum_dtype=self.precision.grad_accum_dtype,
+            gradient_predivide_factor=cfg.gradient_predivide_factor, prescale_gradients=cfg.prescale_gradients,
+            communication_dtype=self.precision.communication_dtype)
         if tensorwise is not None:
             tensorwise.bind(zero.groups)
         return zero
@@ -176,7 +178,7 @@ class DeepSpeedEngine(torch.nn.Module):
 
     def _loss_factor(self) -> float:
         """What a loss is multiplied by before backward: 1 / accumulation steps (managed) times the fp16 scale."""
-        factor = self.optimizer.loss_scale if self.optimizer is not None else 1.0
+        factor = self.optimizer.backward_scale if self.optimizer is not None else 1.0
         if self._config.managed_gradient_accumulation:
             factor /= self.gradient_accumulation_steps()
         return factor
@@ -197,7 +199,7 @@ class DeepSpeedEngine(torch.nn.Module):
         self.reporter.record_loss(loss)
         timer = self.reporter.timer("bwd")
         timer.start()
-        factor = self._loss_factor() if scale_wrt_gas else self.optimizer.loss_scale
+        factor = self._loss_factor() if scale_wrt_gas else self.optimizer.backward_scale
         self._engine_backward_active = True
         try:
             (loss * factor if factor != 1.0 else loss).backward(retain_graph=retain_graph)

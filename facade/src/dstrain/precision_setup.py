@@ -25,6 +25,8 @@ class PrecisionSetup:
         self.device = device
         grad_dtype = cfg.data_types.grad_accum_dtype
         self.grad_accum_dtype = _DTYPES[grad_dtype] if grad_dtype else None
+        comm = cfg.communication_data_type
+        self.communication_dtype = _DTYPES[comm] if comm else None
 
     @property
     def fp16(self) -> bool:

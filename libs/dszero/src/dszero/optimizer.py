@@ -39,11 +39,18 @@ class ZeroOptimizer:
     gradient_clipping: clip the global gradient norm to this value (0 disables).
     aio: keyword arguments of `dsaio.aio_handle` for NVMe offload (block_size, queue_depth, ...).
     gradient_average: average gradients over the ranks (False: sum them).
+    gradient_predivide_factor: divide local gradients by this before the reduction and multiply the
+        result back after it (the reference's key: for fp16, a sum that would overflow stays in range).
+    prescale_gradients: divide local gradients by the world size before the reduction (then summed).
+    communication_dtype: the dtype gradients are reduced in (the reference's communication_data_type);
+        None: the accumulation dtype. Stages 0-2.
     """
 
     def __init__(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer, config: ZeroConfig | None = None,
                  *, precision: Precision | str | None = None, gradient_clipping: float = 0.0, group: Any = None,
-                 aio: Any = None, gradient_average: bool = True, grad_accum_dtype: torch.dtype | None = None):
+                 aio: Any = None, gradient_average: bool = True, grad_accum_dtype: torch.dtype | None = None,
+                 gradient_predivide_factor: float = 1.0, prescale_gradients: bool = False,
+                 communication_dtype: torch.dtype | None = None):
         self.config = config or ZeroConfig()
         self.stage = self.config.stage
         self.precision = Precision.coerce(precision)
@@ -61,12 +68,26 @@ class ZeroOptimizer:
         self.world = dist.get_world_size(self.process_group)
         self.rank = dist.get_rank(self.process_group)
         self.scaler = self.precision.make_scaler()
+        self.communication_dtype = communication_dtype
+        if not gradient_predivide_factor > 0:
+            raise ZeroConfigError(f"gradient_predivide_factor = {gradient_predivide_factor}: must be positive")
+        # Pre-division rides on the loss scale (gradients are linear in the loss) and is undone at the unscale.
+        prescale = prescale_gradients and gradient_average and self.world > 1
+        self.pre_scale = 1.0 / self.world if prescale else 1.0 / gradient_predivide_factor
+        # Prescaling is the averaging itself (the reduction then sums); a predivision is undone after the reduction.
+        self._undone_at_unscale = 1.0 if prescale else self.pre_scale
+        if prescale:
+            gradient_average = False
         self.global_grad_norm: float | None = None
         self.skipped_steps = 0
         if self.stage != 3 and any(getattr(p, "_dszero_unit", None) is not None for p in module.parameters()):
             raise ZeroConfigError(f"the module's parameters are partitioned (built inside dszero.Init, or wrapped by a "
                                   f"stage-3 ZeroOptimizer); zero_optimization.stage must be 3, not {self.stage}")
         if self.stage == 3:
+            if communication_dtype not in (None, self.precision.torch_dtype):
+                raise ZeroConfigError(f"communication_data_type {communication_dtype} differs from the model dtype "
+                                      f"{self.precision.torch_dtype}; at stage 3 gradients are reduce-scattered in the "
+                                      f"model dtype: leave communication_data_type out, or use stage 0-2")
             if optimizer.state:
                 raise ZeroError("the optimizer already has state (it has stepped); wrap it in ZeroOptimizer first")
             self._check_dtypes(optimizer)
@@ -166,8 +187,13 @@ class ZeroOptimizer:
 
     def _make_reducer(self, average: bool):
         if self.stage <= 1:
-            return FlatReducer(self.groups, self.process_group, partition=self.stage == 1, average=average)
-        grad_dtype = self.grad_accum_dtype or self.precision.torch_dtype
+            return FlatReducer(self.groups, self.process_group, partition=self.stage == 1, average=average,
+                               comm_dtype=self.communication_dtype)
+        if self.grad_accum_dtype and self.communication_dtype and self.grad_accum_dtype != self.communication_dtype:
+            raise ZeroConfigError(f"at stage 2 gradients are reduced in their accumulation dtype: "
+                                  f"communication_data_type ({self.communication_dtype}) must equal "
+                                  f"data_types.grad_accum_dtype ({self.grad_accum_dtype}) or be left out")
+        grad_dtype = self.grad_accum_dtype or self.communication_dtype or self.precision.torch_dtype
         bucket = self.config.reduce_bucket_size
         bucket = bucket if isinstance(bucket, int) else 500_000_000  # "auto": the reference's default
         return BucketReducer(self.groups, self.process_group, bucket, self.config.overlap_comm, average, grad_dtype)
@@ -182,9 +208,15 @@ class ZeroOptimizer:
     def loss_scale(self) -> float:
         return self.scaler.scale
 
+    @property
+    def backward_scale(self) -> float:
+        """What a loss is multiplied by before backward: the fp16 loss scale times any gradient pre-division."""
+        return self.scaler.scale * self.pre_scale
+
     def backward(self, loss: torch.Tensor, retain_graph: bool = False) -> None:
-        """loss.backward(), with the fp16 loss scale applied."""
-        (loss * self.scaler.scale if self.scaler.scale != 1.0 else loss).backward(retain_graph=retain_graph)
+        """loss.backward(), with the fp16 loss scale (and gradient pre-division) applied."""
+        scale = self.backward_scale
+        (loss * scale if scale != 1.0 else loss).backward(retain_graph=retain_graph)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.reducer.zero()
@@ -194,9 +226,10 @@ class ZeroOptimizer:
         shards = self.reducer.reduce()
         # To the master's dtype and device (the CPU under optimizer offload); a copy whenever either differs.
         grads = [shard.to(device=flat.master.device, dtype=flat.master.dtype) for shard, flat in zip(shards, self.groups)]
-        if self.scaler.scale != 1.0:
+        unscale = self.scaler.scale * self._undone_at_unscale
+        if unscale != 1.0:
             for grad in grads:
-                grad.div_(self.scaler.scale)
+                grad.div_(unscale)
         sq_sum, finite = self._local_norm_and_finite(grads)
         stats = torch.tensor([sq_sum, 0.0 if finite else 1.0], dtype=torch.float64)
         if self.stage >= 1 and self.world > 1:

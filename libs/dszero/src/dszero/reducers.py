@@ -25,8 +25,10 @@ from .ordered import InOrderLauncher, weakly
 class FlatReducer:
     """Stages 0 and 1: `.grad` of every parameter is a view of one flat buffer per group."""
 
-    def __init__(self, groups: list[FlatGroup], process_group: Any, partition: bool, average: bool):
+    def __init__(self, groups: list[FlatGroup], process_group: Any, partition: bool, average: bool,
+                 comm_dtype: torch.dtype | None = None):
         self.groups = groups
+        self.comm_dtype = comm_dtype
         self.process_group = process_group
         self.partition = partition
         self.world = dist.get_world_size(process_group)
@@ -48,13 +50,20 @@ class FlatReducer:
             self._reattach(group, flat)
             # Averaging inside the collective saves a pass over the gradients.
             op = dscomm.ReduceOp.AVG if self.average and self.world > 1 else dscomm.ReduceOp.SUM
+            # communication_data_type: reduce a cast copy, then bring the result back to the gradients' dtype.
+            wire = flat if self.comm_dtype in (None, flat.dtype) else flat.to(self.comm_dtype)
             if self.partition:
                 out = self.shard_outs[len(shards)]
-                dscomm.reduce_scatter_tensor(out, flat, op=op, group=self.process_group,
+                wire_out = out if wire is flat else torch.empty(out.numel(), dtype=wire.dtype, device=out.device)
+                dscomm.reduce_scatter_tensor(wire_out, wire, op=op, group=self.process_group,
                                              log_name="zero_reduce_scatter_grads")
+                if wire_out is not out:
+                    out.copy_(wire_out)
                 shards.append(out)
             else:
-                dscomm.all_reduce(flat, op=op, group=self.process_group, log_name="zero_allreduce_grads")
+                dscomm.all_reduce(wire, op=op, group=self.process_group, log_name="zero_allreduce_grads")
+                if wire is not flat:
+                    flat.copy_(wire)
                 shards.append(flat)
         return shards
 
