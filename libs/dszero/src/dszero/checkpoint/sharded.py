@@ -25,6 +25,7 @@ import dscomm
 
 from ..errors import CheckpointError
 from ..layout import GroupLayout, Slot, reshard_reads
+from .atomic import swap_into_place, write_text_atomically
 
 if TYPE_CHECKING:
     from ..optimizer import ZeroOptimizer
@@ -59,8 +60,8 @@ def save(zero: ZeroOptimizer, directory: str | os.PathLike) -> Path:
                 "skipped_steps": zero.skipped_steps,
                 "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in state["param_groups"]],
                 "layouts": [_layout_to_json(flat.layout) for flat in zero.groups]}
-        _write_atomically(partial / META, json.dumps(meta, indent=1))
-        _swap_into_place(partial, final)
+        write_text_atomically(partial / META, json.dumps(meta, indent=1))
+        swap_into_place(partial, final)
     dscomm.barrier(group=zero.process_group)
     return final
 
@@ -76,34 +77,6 @@ def _shard_tensors(zero: ZeroOptimizer, state: dict[str, Any]) -> tuple[dict[str
             else:  # a step count or another per-group scalar
                 scalars[f"{index}.{key}"] = value.item() if torch.is_tensor(value) else value
     return tensors, scalars
-
-
-def _swap_into_place(partial: Path, final: Path) -> None:
-    old = final.with_name(final.name + ".old")
-    shutil.rmtree(old, ignore_errors=True)
-    if final.exists():
-        final.rename(old)
-    partial.rename(final)
-    _fsync_dir(final.parent)
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    tmp.rename(path)
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _layout_to_json(layout: GroupLayout) -> dict[str, Any]:
