@@ -8,7 +8,6 @@ written, and `latest` is updated after that, so a crash mid-save leaves the prev
 from __future__ import annotations
 
 import hashlib
-import os
 import pickle
 import shutil
 import warnings
@@ -20,6 +19,7 @@ import torch
 import dsaio
 import dscomm
 import dszero
+from dszero.checkpoint.atomic import swap_into_place, write_text_atomically
 
 from . import rng
 from .errors import CheckpointLoadError, DstrainError
@@ -63,9 +63,9 @@ def save_checkpoint(engine: DeepSpeedEngine, save_dir, tag: Any, client_state: d
         _save_mixed(common, partial / COMMON_FILE)
     dscomm.barrier(group=group)
     if writer:
-        _swap_into_place(partial, final)
+        swap_into_place(partial, final)
         if save_latest:
-            _write_text_atomically(root / LATEST, tag)
+            write_text_atomically(root / LATEST, tag)
     dscomm.barrier(group=group)
     log_on_rank0(engine.global_rank, f"saved checkpoint {final}")
     return True
@@ -141,24 +141,6 @@ def _load_mixed(path: Path) -> dict:
     if "plain" in stored:
         return stored["plain"]
     return pickle.loads(stored["pickled"].numpy().tobytes())
-
-
-def _swap_into_place(partial: Path, final: Path) -> None:
-    old = final.with_name(final.name + ".old")
-    shutil.rmtree(old, ignore_errors=True)
-    if final.exists():
-        final.rename(old)
-    partial.rename(final)
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def _write_text_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    tmp.rename(path)
 
 
 # ---------------------------------------------------------------------------------------------- load
