@@ -39,9 +39,9 @@ def time_steps(step, data) -> list[float]:
     return times
 
 
-def plain_loop(foreach: bool | None):
+def plain_loop(foreach: bool | None, size: dict):
     torch.manual_seed(0)
-    model = GPT()
+    model = GPT(**size)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=foreach)
 
     def step(batch):
@@ -53,9 +53,9 @@ def plain_loop(foreach: bool | None):
     return step
 
 
-def engine_loop(micro: int):
+def engine_loop(micro: int, size: dict):
     torch.manual_seed(0)
-    model = GPT()
+    model = GPT(**size)
     engine, *_ = dstrain.initialize(model=model, config={
         "train_micro_batch_size_per_gpu": micro, "gradient_clipping": 0.0, "steps_per_print": 10**9,
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}})
@@ -83,10 +83,14 @@ def main() -> None:
     parser.add_argument("--micro", type=int, default=8)
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--import-runs", type=int, default=7)
+    parser.add_argument("--d-model", type=int, default=128, help="128 / 4 layers: the main example's GPT")
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--import-runs", type=int, default=7, help="0 skips the import timings")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    loops = {"engine": engine_loop(args.micro), "plain": plain_loop(None), "plain_foreach": plain_loop(True)}
+    size = {"seq": args.seq, "d_model": args.d_model, "layers": args.layers}
+    loops = {"engine": engine_loop(args.micro, size), "plain": plain_loop(None, size),
+             "plain_foreach": plain_loop(True, size)}
     data = batches(args.steps, args.micro, args.seq)
     for step in loops.values():  # warm-up
         time_steps(step, data[:3])
@@ -95,11 +99,14 @@ def main() -> None:
         for name, step in loops.items():
             medians[name].append(statistics.median(time_steps(step, data)))
     result = {name: statistics.median(values) for name, values in medians.items()}
-    print(f"step time, median of {args.rounds} rounds x {args.steps} steps (micro {args.micro}, seq {args.seq}, "
-          f"{args.threads} thread(s)):")
+    print(f"step time, median of {args.rounds} rounds x {args.steps} steps (d_model {args.d_model}, {args.layers} "
+          f"layers, micro {args.micro}, seq {args.seq}, {args.threads} thread(s)):")
     for name, seconds in result.items():
         print(f"  {name:14s} {seconds * 1e3:8.2f} ms   engine / this = {result['engine'] / seconds:.3f}")
     print("per-round ratio engine/plain:", [f"{e / p:.3f}" for e, p in zip(medians["engine"], medians["plain"])])
+    print(f"engine - plain = {(result['engine'] - result['plain']) * 1e6:+.0f} us per step")
+    if not args.import_runs:
+        return
     torch_s = import_seconds("import torch", args.import_runs)
     package_s = import_seconds("import dstrain", args.import_runs)
     engine_s = import_seconds("import dstrain; dstrain.initialize", args.import_runs)
