@@ -131,3 +131,18 @@ def test_save_16bit_model(tmp_path, stage, gather, written):
         state = torch.load(tmp_path / "model.bin")
         reference = make_model().state_dict()
         assert set(state) == set(reference) and all(v.dtype == torch.bfloat16 for v in state.values())
+
+
+def node_local_round_trip(rank, world, directory):
+    engine = _engine(stage=1, checkpoint={"use_node_local_storage": True})
+    _step(engine, 2)
+    engine.save_checkpoint(directory)
+    before = [p.detach().clone() for p in engine.module.parameters()]
+    fresh = _engine(stage=1, seed=3, checkpoint={"use_node_local_storage": True})
+    path, _ = fresh.load_checkpoint(directory)
+    return path, fresh.global_steps, all(torch.equal(a, b) for a, b in zip(before, fresh.module.parameters()))
+
+
+def test_node_local_storage_saves_and_loads(tmp_path):
+    for path, steps, same in run_ranks(node_local_round_trip, 2, str(tmp_path)):
+        assert path.endswith("global_step2") and steps == 2 and same
