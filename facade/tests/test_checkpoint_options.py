@@ -133,7 +133,9 @@ def test_save_16bit_model(tmp_path, stage, gather, written):
         assert set(state) == set(reference) and all(v.dtype == torch.bfloat16 for v in state.values())
 
 
-def node_local_round_trip(rank, world, directory):
+def node_local_round_trip(rank, world, root):
+    # Two "nodes" of one rank each, each with its own disk: nothing is shared between the directories.
+    directory = f"{root}/node{rank}"
     engine = _engine(stage=1, checkpoint={"use_node_local_storage": True})
     _step(engine, 2)
     engine.save_checkpoint(directory)
@@ -143,6 +145,7 @@ def node_local_round_trip(rank, world, directory):
     return path, fresh.global_steps, all(torch.equal(a, b) for a, b in zip(before, fresh.module.parameters()))
 
 
-def test_node_local_storage_saves_and_loads(tmp_path):
-    for path, steps, same in run_ranks(node_local_round_trip, 2, str(tmp_path)):
-        assert path.endswith("global_step2") and steps == 2 and same
+def test_node_local_storage_needs_no_shared_file_system(tmp_path):
+    for rank, (path, steps, same) in enumerate(run_ranks(node_local_round_trip, 2, str(tmp_path))):
+        assert path.endswith(f"node{rank}/global_step2") and steps == 2 and same
+    assert not (tmp_path / "node1" / "global_step2" / "zero" / "zero_shard_00000-of-00002.safetensors").exists()

@@ -52,7 +52,7 @@ def save_checkpoint(engine: DeepSpeedEngine, save_dir, tag: Any, client_state: d
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
     dscomm.barrier(group=group)
-    engine.optimizer.save(partial / ZERO_DIR)
+    engine.optimizer.save(partial / ZERO_DIR, node_local=engine._config.checkpoint.use_node_local_storage)
     dp_rank = torch.distributed.get_rank(group)
     dsaio.save_state_dict(_rank_state(engine), partial / engine_file(dp_rank))
     if writer:

@@ -30,6 +30,7 @@ from .reducers import BucketReducer, FlatReducer
 from .reuse import ReusePolicy
 from .stage3 import Stage3
 from .steps import InMemoryStep
+from .wire import gather_shards
 
 
 class ZeroOptimizer:
@@ -273,8 +274,7 @@ class ZeroOptimizer:
             if self.stage == 3:
                 flat.refresh()  # units that stay gathered show the new weights
             elif self.stage in (1, 2) and self.world > 1:
-                dscomm.all_gather_into_tensor(flat.model_flat, flat.model_shard().clone(), group=self.process_group,
-                                              log_name="zero_allgather_params")
+                gather_shards(flat.model_flat, flat.model_shard(), self.process_group, log_name="zero_allgather_params")
 
     def get_global_grad_norm(self) -> float | None:
         """The gradient norm of the last step (before clipping); inf when it overflowed."""
@@ -309,12 +309,12 @@ class ZeroOptimizer:
         self.scaler.load_state_dict(state["scaler"])
         self.skipped_steps = int(state.get("skipped_steps", 0))
 
-    def save(self, directory) -> Any:
-        """Write a sharded checkpoint (collective); see dszero.checkpoint."""
+    def save(self, directory, *, node_local: bool = False) -> Any:
+        """Write a sharded checkpoint (collective); see dszero.checkpoint (node_local: per-node disks)."""
         from .checkpoint import save
 
         with self.stepper.resident():
-            return save(self, directory)
+            return save(self, directory, node_local=node_local)
 
     def load(self, directory, load_optimizer_states: bool = True) -> None:
         """Load a checkpoint saved at any data-parallel world size (collective)."""

@@ -38,13 +38,18 @@ def shard_name(rank: int, world: int) -> str:
     return f"zero_shard_{rank:05d}-of-{world:05d}.safetensors"
 
 
-def save(zero: ZeroOptimizer, directory: str | os.PathLike) -> Path:
-    """Write this rank's shard; collective (every rank of the data-parallel group calls it)."""
+def save(zero: ZeroOptimizer, directory: str | os.PathLike, *, node_local: bool = False) -> Path:
+    """Write this rank's shard; collective (every rank of the data-parallel group calls it).
+
+    node_local: `directory` is on each node's own disk (no shared file system): every node's local
+    rank 0 also writes the metadata, so each node holds what its ranks need to load.
+    """
     final = Path(directory)
     partial = final.with_name(final.name + ".partial")
     saved_world = zero.world if zero.stage >= 1 else 1
     writer = zero.rank < saved_world
-    if zero.rank == 0:
+    organiser = zero.rank == 0 or (node_local and dscomm.get_local_rank() == 0)
+    if organiser:
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
     dscomm.barrier(group=zero.process_group)
@@ -54,7 +59,7 @@ def save(zero: ZeroOptimizer, directory: str | os.PathLike) -> Path:
         dsaio.save(tensors, partial / shard_name(zero.rank, saved_world),
                    metadata={"rank": str(zero.rank), "scalars": json.dumps(scalars)})
     dscomm.barrier(group=zero.process_group)
-    if zero.rank == 0:
+    if organiser:
         meta = {"format": FORMAT, "zero_stage": zero.stage, "world_size": saved_world,
                 "precision": zero.precision.dtype, "scaler": zero.scaler.state_dict(),
                 "skipped_steps": zero.skipped_steps,
@@ -114,9 +119,9 @@ def load(zero: ZeroOptimizer, directory: str | os.PathLike, load_optimizer_state
     meta = read_meta(path)
     layouts = [_layout_from_json(d) for d in meta["layouts"]]
     _check_same_model(zero, layouts, path)
-    shards = ShardFiles(path, meta["world_size"])
     new_world = zero.world if zero.stage >= 1 else 1
     my_rank = zero.rank if zero.stage >= 1 else 0
+    shards = ShardFiles(path, meta["world_size"], home=my_rank if my_rank < meta["world_size"] else 0)
     state_keys = shards.state_keys()
     scalars = shards.scalars()
     optimizer_state: dict[int, dict[str, Any]] = {}
@@ -128,7 +133,7 @@ def load(zero: ZeroOptimizer, directory: str | os.PathLike, load_optimizer_state
         if load_optimizer_states:
             per_param: dict[str, Any] = {}
             for key in state_keys.get(index, []):
-                sample = shards.tensors(0)[f"group{index}.state.{key}"]
+                sample = shards.tensors(shards.home)[f"group{index}.state.{key}"]
                 value = torch.zeros(flat.shard_numel, dtype=sample.dtype)
                 _gather_pieces(value, reads, lambda r, i=index, k=key: shards.tensors(r)[f"group{i}.state.{k}"])
                 per_param[key] = value
@@ -157,9 +162,10 @@ def _gather_pieces(target: torch.Tensor, reads, source) -> None:
 class ShardFiles:
     """The shard files of one checkpoint, each read once, on first use."""
 
-    def __init__(self, path: Path, world: int):
+    def __init__(self, path: Path, world: int, home: int = 0):
         self.path = path
         self.world = world
+        self.home = home  # the shard read for what every shard holds alike (this rank's own, where it exists)
         self._loaded: dict[int, tuple[dict[str, torch.Tensor], dict[str, str]]] = {}
 
     def _load(self, rank: int) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -174,13 +180,13 @@ class ShardFiles:
         return self._load(rank)[0]
 
     def scalars(self) -> dict[str, Any]:
-        """Per-group optimizer scalars (step counts), the same on every rank: read from shard 0."""
-        return json.loads(self._load(0)[1]["scalars"])
+        """Per-group optimizer scalars (step counts), the same on every rank: read from the home shard."""
+        return json.loads(self._load(self.home)[1]["scalars"])
 
     def state_keys(self) -> dict[int, list[str]]:
-        """Optimizer state names per group (exp_avg, ...), from shard 0's tensor names."""
+        """Optimizer state names per group (exp_avg, ...), from the home shard's tensor names."""
         keys: dict[int, list[str]] = {}
-        for name in self.tensors(0):
+        for name in self.tensors(self.home):
             group, kind, *rest = name.split(".", 2)
             if kind == "state":
                 keys.setdefault(int(group.removeprefix("group")), []).append(rest[0])
