@@ -151,3 +151,26 @@ def test_unmanaged_accumulation_steps_when_the_caller_says():
     expected = run_ranks(ddp_losses, 2, 4, 2, 0.5)
     got = run_ranks(engine_with, 2, 4, 2, {"stage": 1}, False)
     _close(got[0], expected[0])
+
+
+def engine_built_under_init(rank, world, use_init):
+    cfg = config(4, 1, 3, optimizer={"type": "AdamW", "params": {"lr": 1e-2}})
+    if use_init:
+        with dstrain.zero.Init(config_dict_or_path=cfg):
+            model = make_model()
+        assert all(p.numel() == 0 for p in model.parameters())  # nothing whole on any rank
+    else:
+        model = make_model()
+    engine, _, loader, _ = dstrain.initialize(model=model, training_data=TokenDataset(), config=cfg)
+    batches = iter(loader)
+    losses = []
+    for _ in range(STEPS):
+        loss = engine(next(batches))
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    return losses
+
+
+def test_zero_init_then_initialize_trains_as_without_init():
+    assert run_ranks(engine_built_under_init, 2, True) == run_ranks(engine_built_under_init, 2, False)

@@ -1,12 +1,5 @@
 """`dstrain.zero`: DeepSpeed's `deepspeed.zero` names, from dszero."""
 
-from dszero import GatheredParameters
+from dszero import GatheredParameters, Init
 
-__all__ = ["GatheredParameters"]
-
-try:  # dszero.Init arrives with parameter partitioning at construction
-    from dszero import Init  # noqa: F401
-
-    __all__.append("Init")
-except ImportError:
-    pass
+__all__ = ["GatheredParameters", "Init"]
