@@ -12,6 +12,7 @@ import dscomm
 import dszero
 from dsconfig import ConfigError, DeepSpeedConfig, Problem
 
+from . import checkpointing
 from .dataloader import DeepSpeedDataLoader
 from .errors import DstrainError
 from .logs import log_on_rank0
@@ -52,12 +53,6 @@ class DeepSpeedEngine(torch.nn.Module):
         self.precision.prepare_module(model)
         if config.comms_logger.enabled:
             dscomm.configure(config.comms_logger)
-        if config.disable_python_gc:
-            gc.disable()
-            self._gc_disabled = True
-
-        from . import checkpointing
-
         if not checkpointing.is_configured():  # the config's activation_checkpointing section, until the script's own
             checkpointing.configure(None, deepspeed_config=config)
         self._broadcast_module_state()
@@ -66,6 +61,9 @@ class DeepSpeedEngine(torch.nn.Module):
         self.lr_scheduler = self._build_scheduler(lr_scheduler)
         self.training_dataloader = self._build_loader(training_data, collate_fn) if training_data is not None else None
         self.reporter = StepReporter(self)
+        if config.disable_python_gc:  # last, so a failed initialize() leaves the collector on
+            gc.disable()
+            self._gc_disabled = True
         if config.dump_state:
             log_on_rank0(self.global_rank, self._state_text())
         features = ", ".join(config.enabled_features()) or "plain data parallelism"
