@@ -112,3 +112,17 @@ def _engine_surface(rank, world):
 
 def test_engine_accessors():
     assert run_ranks(_engine_surface, 1)[0] == (0, [0.01], [(0.9, 0.999)], True, True, True)
+
+
+def _compiled_step(rank, world):
+    model = make_model()
+    engine, *_ = dstrain.initialize(model=model, config=config(optimizer=ADAMW, compile={"backend": "eager"}))
+    engine.compile(backend="eager")
+    before = model.head.bias.detach().clone()
+    engine.backward(engine(TokenDataset().data[:4]))
+    engine.step()
+    return engine.is_compiled, not torch.equal(before, model.head.bias)
+
+
+def test_engine_compile_and_old_compile_options_are_accepted():
+    assert run_ranks(_compiled_step, 1)[0] == (True, True)

@@ -47,6 +47,7 @@ class DeepSpeedEngine(torch.nn.Module):
         self._step_applied = False
         self._engine_backward_active = False
         self._gc_disabled = False
+        self._compiled = False
 
         self.precision = PrecisionSetup(config, self.device)
         model.to(self.device)
@@ -305,6 +306,15 @@ class DeepSpeedEngine(torch.nn.Module):
 
     def get_type(self) -> type:
         return type(self.module)
+
+    def compile(self, backend: str = "inductor", compile_kwargs: dict | None = None) -> None:
+        """torch.compile the wrapped module in place (DeepSpeed's engine.compile); hooks stay attached."""
+        self.module.compile(backend=backend, **(compile_kwargs or {}))
+        self._compiled = True
+
+    @property
+    def is_compiled(self) -> bool:
+        return self._compiled
 
     def collect_python_gc(self) -> int:
         """Run the cyclic garbage collector by hand (with disable_python_gc it never runs on its own)."""

@@ -283,6 +283,12 @@ def _suggestion(key: str, fields: dict, path: str) -> str:
     return ""
 
 
+# Unsupported keys that ask for nothing missing: elastic_checkpoint's effect (resharding on load) is
+# always there, and the old torch.compile options only configure an engine.compile() call the script makes.
+_NOT_FEATURE_REQUESTS = frozenset({("zero_optimization", "elastic_checkpoint"), ("compile", "disable"),
+                                   ("compile", "backend"), ("compile", "kwargs")})
+
+
 def requested_unsupported(raw: dict) -> list[Problem]:
     """The unsupported keys of `raw` whose value asks for the feature (not false, null, empty or enabled: false).
 
@@ -291,7 +297,7 @@ def requested_unsupported(raw: dict) -> list[Problem]:
     """
     problems = []
     for (section, key), known in KNOWN_KEYS.items():
-        if known.kind != "unsupported":
+        if known.kind != "unsupported" or (section, key) in _NOT_FEATURE_REQUESTS:
             continue
         holder = raw if section == "" else raw.get(section)
         if not isinstance(holder, dict) or key not in holder or not _is_request(holder[key]):
@@ -305,4 +311,4 @@ def requested_unsupported(raw: dict) -> list[Problem]:
 def _is_request(value: Any) -> bool:
     if isinstance(value, dict):
         return bool(value) and value.get("enabled", True) not in (False, "false")
-    return value not in (None, False, 0, "", [])
+    return value not in (None, False, 0, -1, "", [])  # -1: DeepSpeed's "off" for sizes (mics_shard_size)
