@@ -26,6 +26,7 @@ from .layout import GroupLayout
 from .offload.optimizer_swap import SwappedStep
 from .offload.param_homes import ParamHomes
 from .precision import Precision
+from .prefetch import PrefetchPlan
 from .reducers import BucketReducer, FlatReducer
 from .reuse import ReusePolicy
 from .stage3 import Stage3
@@ -97,7 +98,7 @@ class ZeroOptimizer:
             self.param_homes = ParamHomes(self.config.offload_param, dist.get_rank(), self.aio)
             self.reducer = Stage3(module, optimizer, self.process_group, self.precision.master_torch_dtype,
                                   threshold if isinstance(threshold, int) else 100_000, gradient_average,
-                                  homes=self.param_homes, reuse=self._reuse_policy(),
+                                  homes=self.param_homes, reuse=self._reuse_policy(), prefetch=self._prefetch_plan(),
                                   master_device=torch.device("cpu") if self.offload else None,
                                   pin_master=bool(self.offload and offload.pin_memory),
                                   own_master=self.offload)  # offloaded masters get their own host buffers
@@ -178,6 +179,10 @@ class ZeroOptimizer:
         # "auto": the reference's defaults
         return ReusePolicy(distance if isinstance(distance, int) else 1_000_000_000,
                            live if isinstance(live, int) else 1_000_000_000)
+
+    def _prefetch_plan(self) -> PrefetchPlan:
+        size = self.config.stage3_prefetch_bucket_size
+        return PrefetchPlan(size if isinstance(size, int) else 50_000_000)  # "auto": the reference's default
 
     def _make_stepper(self) -> InMemoryStep | SwappedStep:
         if self.config.optimizer_offload_device != "nvme":

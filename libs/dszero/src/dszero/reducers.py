@@ -20,6 +20,7 @@ import dscomm
 
 from .flat import FlatGroup
 from .ordered import InOrderLauncher, weakly
+from .wire import reduce_scatter
 
 
 class FlatReducer:
@@ -55,8 +56,9 @@ class FlatReducer:
             if self.partition:
                 out = self.shard_outs[len(shards)]
                 wire_out = out if wire is flat else torch.empty(out.numel(), dtype=wire.dtype, device=out.device)
-                dscomm.reduce_scatter_tensor(wire_out, wire, op=op, group=self.process_group,
-                                             log_name="zero_reduce_scatter_grads")
+                # The flat gradients are overwritten (the next micro-step starts from zero_grad anyway).
+                reduce_scatter(wire_out, wire, self.process_group, average=self.average,
+                               log_name="zero_reduce_scatter_grads")
                 if wire_out is not out:
                     out.copy_(wire_out)
                 shards.append(out)

@@ -6,6 +6,8 @@ all-gather just before the module runs (forward pre-hook, backward pre-hook) and
 (forward post-hook; once its gradients are reduced in backward). Units smaller than
 `stage3_param_persistence_threshold` elements stay gathered. Gradients are reduce-scattered unit
 by unit during backward, launched in a fixed order so every rank issues the same collectives.
+After the first step the next units are gathered asynchronously while the current one computes
+(`stage3_prefetch_bucket_size`, see prefetch.py).
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ from .layout import GroupLayout
 from .offload.param_homes import DeviceHome
 from .offload.pinned import host_copy
 from .ordered import InOrderLauncher, weakly
+from .prefetch import PrefetchPlan
 from .reuse import ReusePolicy
+from .wire import gather_shards, reduce_scatter
 
 # The embedding's input (token ids) never requires grad, so torch notes that its backward pre-hook
 # fires on output gradients; that is exactly what stage 3 wants, so the note is noise here.
@@ -87,7 +91,9 @@ class Unit:
             param._dszero_unit = self  # lets GatheredParameters find the unit of any parameter
             param.ds_shape, param.ds_numel = slot.shape, slot.numel  # DeepSpeed's names, for user code
         self.gathered = True
+        self.pending: Any = None  # the handles of an asynchronous (prefetch) gather still in flight
         self.gather_count = 0  # all-gathers done, for tests and reports
+        self.prefetch_count = 0  # of which launched ahead of need
         self.grad_shard = torch.zeros(0 if partition_only else self.layout.shard_numel, dtype=self.dtype, device=device)
         self.empty = torch.empty(0, dtype=self.dtype, device=device)  # what released params hold
         self.release()
@@ -97,22 +103,43 @@ class Unit:
         return self.layout.shard_numel
 
     def gather(self) -> None:
-        if self.gathered:
-            return
+        """Whole parameters now (waiting for a prefetch in flight)."""
+        if self.pending is not None:
+            self._finish()
+        if not self.gathered:
+            self._start(async_op=False)
+
+    def gather_async(self) -> None:
+        """Launch the all-gather and return; the next gather() (or release()) waits for it."""
+        if not self.gathered:
+            self.prefetch_count += 1
+            self._start(async_op=True)
+
+    @property
+    def resident(self) -> bool:
+        """Gathered, with nothing in flight."""
+        return self.gathered and self.pending is None
+
+    def _start(self, async_op: bool) -> None:
         storage = self.model_flat.untyped_storage()
         storage.resize_(self.layout.padded_numel * self.model_flat.element_size())
         self.gather_count += 1
         shard = self.home.fetch()
-        if dist.get_world_size(self.group) > 1:
-            dscomm.all_gather_into_tensor(self.model_flat, shard, group=self.group, log_name="zero3_gather")
-        else:
-            self.model_flat.copy_(shard)
-        self.home.done()
+        self.pending = gather_shards(self.model_flat, shard, self.group, async_op=async_op, log_name="zero3_gather")
+        if self.pending is None:
+            self.home.done()
         for param, slot in zip(self.params, self.layout.slots):
             param.data = self.model_flat[slot.offset:slot.end].view(slot.shape)
         self.gathered = True
 
+    def _finish(self) -> None:
+        self.pending.wait()
+        self.pending = None
+        self.home.done()  # the shard's fetched copy (an NVMe read buffer) may go only now
+
     def release(self) -> None:
+        if self.pending is not None:
+            self._finish()  # the collective writes into the buffer until then
         if self.persistent or not self.gathered:
             return
         # Parameters become empty tensors (reading one is an error, never a read of freed memory),
@@ -140,6 +167,8 @@ class Unit:
     def refresh(self) -> None:
         """Re-gather a unit that stays gathered (persistent), so it shows the updated weights."""
         if self.gathered:
+            if self.pending is not None:
+                self._finish()
             self.gathered = False
             self.gather()
 
@@ -175,12 +204,14 @@ class Stage3:
 
     def __init__(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer, group: Any, master_dtype,
                  persistence_threshold: int, average: bool, homes: Any = None, reuse: ReusePolicy | None = None,
-                 master_device: torch.device | None = None, pin_master: bool = False, own_master: bool = False):
+                 master_device: torch.device | None = None, pin_master: bool = False, own_master: bool = False,
+                 prefetch: PrefetchPlan | None = None):
         self.group = group
         self.world = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         self.average = average
         self.reuse = reuse or ReusePolicy(0, 0)
+        self.prefetch = prefetch or PrefetchPlan(0)
         names = {id(p): n for n, p in module.named_parameters()}
         group_of = {id(p): i for i, g in enumerate(optimizer.param_groups) for p in g["params"] if p.requires_grad}
         self.units: list[Unit] = []
@@ -232,6 +263,7 @@ class Stage3:
         # Listed as the optimizer enumerates its parameters, which is how its state_dict numbers them.
         self.units = [unit for units in per_group for unit in units]
         self.order = list(reversed(self.units))  # gradients arrive last layer first
+        self.unit_by_key = {id(u): u for u in self.units}
         self.launcher = InOrderLauncher([len(u.params) for u in self.order], lambda i: self._reduce(self.order[i]),
                                         self._release_all)
         for position, unit in enumerate(self.order):
@@ -239,14 +271,38 @@ class Stage3:
                 param.register_post_accumulate_grad_hook(self._grad_hook(position, index))
 
     # ------------------------------------------------------------------ hooks
-    def _need(self, module) -> None:
-        for unit in self.units_of_module[id(module)]:
+    def _need(self, module, forward: bool) -> None:
+        units = self.units_of_module[id(module)]
+        for unit in units:
             if not unit.persistent:
                 self.reuse.on_gather(id(unit), unit.layout.padded_numel)
+                self.prefetch.on_need(id(unit), unit.layout.padded_numel, forward)
+        for unit in units:
             unit.gather()
+        self._gather_ahead()
+
+    def _gather_ahead(self) -> None:
+        """Launch the next units' gathers (see prefetch.py); NVMe shards one bucket further start reading."""
+        plan = self.prefetch
+        resident = lambda key: self.unit_by_key[key].resident  # noqa: E731
+        window = plan.ahead(resident)
+        for key in window:
+            unit = self.unit_by_key[key]
+            if not unit.gathered and self._spare_read_buffer(unit):
+                unit.gather_async()
+        for key in plan.ahead(resident, 2 * plan.bucket)[len(window):]:
+            unit = self.unit_by_key[key]
+            if not unit.gathered and self._spare_read_buffer(unit):
+                unit.home.prefetch()
+
+    @staticmethod
+    def _spare_read_buffer(unit: Unit) -> bool:
+        # An NVMe shard needs a read buffer: prefetching never takes the last one, which an on-demand gather needs.
+        spare = getattr(unit.home, "spare_buffers", None)
+        return spare is None or spare() > 1
 
     def _before_forward(self, module, args):
-        self._need(module)
+        self._need(module, True)
 
     def _after_forward(self, module, args, output):
         # Released now unless reused soon; the backward pre-hook gathers them again before autograd reads them.
@@ -256,7 +312,7 @@ class Stage3:
             unit.release()
 
     def _before_backward(self, module, grad_output):
-        self._need(module)
+        self._need(module, False)
 
     def _grad_hook(self, position: int, index: int):
         mark = weakly(self.launcher.mark_ready)  # weak: see ordered.weakly
@@ -268,6 +324,7 @@ class Stage3:
         for unit in self.units:
             unit.release()
         self.reuse.end_of_step()
+        self.prefetch.end_of_step()
 
     def _reduce(self, unit: Unit) -> None:
         flat = torch.zeros(unit.layout.padded_numel, dtype=unit.dtype, device=unit.grad_shard.device)
@@ -277,9 +334,8 @@ class Stage3:
                 param.grad = None
         if self.world > 1:
             out = torch.empty_like(unit.grad_shard)
-            op = dscomm.ReduceOp.AVG if self.average else dscomm.ReduceOp.SUM
-            dscomm.reduce_scatter_tensor(out, flat, op=op, group=self.group, log_name="zero3_reduce_scatter")
-            unit.grad_shard.add_(out)
+            unit.grad_shard.add_(reduce_scatter(out, flat, self.group, average=self.average,
+                                                log_name="zero3_reduce_scatter"))
         else:
             unit.grad_shard.add_(flat)
         unit.release()

@@ -84,6 +84,10 @@ class NvmeHome:
         self.reading = True
         return True
 
+    def spare_buffers(self) -> int:
+        """Read buffers this shard could use now: the free ones and any it already holds."""
+        return len(self.homes.pool().free) + (self.buffer is not None)
+
     def fetch(self) -> torch.Tensor:
         if self.buffer is None:
             self.buffer = self.homes.pool().take()
