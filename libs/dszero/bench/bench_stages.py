@@ -5,7 +5,10 @@ fp32, 2 gloo ranks on the CPU. Every configuration runs in its own freshly forke
 alternating with DDP (DDP, config, DDP, config, ...), and the median step time of each is printed
 with the ratio to the DDP run beside it.
 
-    python libs/dszero/bench/bench_stages.py [--steps 8] [--rounds 2]
+    python libs/dszero/bench/bench_stages.py [--steps 8] [--rounds 2] [--kinds zero0,zero1,zero2,zero3,...]
+
+Kinds: zero0-zero3, offload_zero2 / offload_zero3 (CPU optimizer offload with CPUAdam), and
+zero3_noprefetch (stage 3 with stage3_prefetch_bucket_size 0: every unit gathered on demand).
 """
 
 from __future__ import annotations
@@ -86,8 +89,10 @@ def run(rank: int, world: int, kind: str, steps: int) -> dict:
             optimizer.step()
             optimizer.zero_grad(set_to_none=False)
     else:
-        stage = int(kind[-1])
+        stage = int(kind.split("_")[0][-1]) if kind.startswith("zero") else int(kind[-1])
         offload = "offload" in kind
+        # About one and a half blocks ahead (FSDP2 prefetches one block); zero3_noprefetch gathers on demand.
+        prefetch = 0 if kind.endswith("noprefetch") else 5_000_000
         if offload:
             from dszero.ops import CPUAdam
 
@@ -95,7 +100,7 @@ def run(rank: int, world: int, kind: str, steps: int) -> dict:
         else:
             optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
         cfg = ZeroConfig(stage=stage, overlap_comm=stage == 2, reduce_bucket_size=5_000_000,
-                         stage3_param_persistence_threshold=100_000,
+                         stage3_param_persistence_threshold=100_000, stage3_prefetch_bucket_size=prefetch,
                          offload_optimizer=OffloadOptimizerConfig(device="cpu", pin_memory=False) if offload else None)
         zero = dszero.ZeroOptimizer(model, optimizer, cfg)
 
@@ -119,10 +124,11 @@ def run(rank: int, world: int, kind: str, steps: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--kinds", default="zero0,zero1,zero2,offload_zero2")
+    parser.add_argument("--kinds", default="zero0,zero1,zero2,offload_zero2",
+                        help="comma-separated: zero0..zero3, offload_zero2, offload_zero3, zero3_noprefetch")
     args = parser.parse_args()
     kinds = args.kinds.split(",")
     ratios: dict[str, list[float]] = {k: [] for k in kinds}
@@ -130,7 +136,7 @@ def main() -> None:
     for _ in range(args.rounds):
         for kind in kinds:
             # Stage 3 is compared with FSDP2 (both shard parameters), the others with DDP.
-            anchor_kind = "fsdp2" if kind == "zero3" else "ddp"
+            anchor_kind = "fsdp2" if kind.startswith("zero3") else "ddp"
             anchor = max(run_ranks(run, 2, anchor_kind, args.steps, timeout=3600), key=lambda r: r["step_s"])
             other = max(run_ranks(run, 2, kind, args.steps, timeout=3600), key=lambda r: r["step_s"])
             rows.setdefault(anchor_kind, []).append(anchor)

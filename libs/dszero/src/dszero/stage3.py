@@ -292,8 +292,9 @@ class Stage3:
                 unit.gather_async()
         for key in plan.ahead(resident, 2 * plan.bucket)[len(window):]:
             unit = self.unit_by_key[key]
-            if not unit.gathered and self._spare_read_buffer(unit):
-                unit.home.prefetch()
+            read = getattr(unit.home, "prefetch", None)  # only NVMe homes read ahead
+            if read is not None and not unit.gathered and self._spare_read_buffer(unit):
+                read()
 
     @staticmethod
     def _spare_read_buffer(unit: Unit) -> bool:

@@ -1,0 +1,128 @@
+"""stage3_prefetch_bucket_size: the next units are gathered asynchronously, with unchanged training."""
+
+import torch
+from models import TinyGPT, batches, loss_of
+
+import dszero
+from dscomm.testing import run_ranks
+from dsconfig import OffloadParamConfig, ZeroConfig
+from dszero.prefetch import PrefetchPlan
+
+SIZES = {0: 100, 1: 10, 2: 1, 3: 50}
+STEP = [(0, True), (1, True), (2, True), (3, True), (3, False), (2, False), (1, False), (0, False)]
+
+
+def replay(plan, events, resident=frozenset()):
+    chosen = []
+    for key, forward in events:
+        plan.on_need(key, SIZES[key], forward)
+        chosen.append(plan.ahead(lambda k, key=key: k in resident or k == key))  # the needed unit is gathered
+    return chosen
+
+
+def test_nothing_is_prefetched_while_the_first_step_records():
+    plan = PrefetchPlan(1000)
+    assert replay(plan, STEP) == [[]] * len(STEP)
+    plan.end_of_step()
+    assert replay(plan, STEP)[0] == [1, 2, 3]  # every other unit fits in 1000 elements
+
+
+def test_the_bucket_bounds_the_elements_gathered_ahead_and_skips_resident_units():
+    plan = PrefetchPlan(60)
+    replay(plan, STEP)
+    plan.end_of_step()
+    assert replay(plan, STEP[:2]) == [[1, 2], [2, 3]]  # 10 + 1 (+ 50 would pass 60); then 1 + 50
+    plan.end_of_step()
+    assert replay(plan, STEP[:1], resident={1, 2})[0] == [3]  # gathered units cost nothing
+    plan.end_of_step()
+    assert PrefetchPlan(0).ahead(lambda k: False) == []
+
+
+def test_an_order_off_the_recording_gathers_on_demand_until_a_forward_starts_again():
+    plan = PrefetchPlan(1000)
+    replay(plan, STEP)
+    plan.end_of_step()
+    assert replay(plan, [(0, True), (2, True)]) == [[1, 2, 3], []]  # unit 1 skipped: off the recording
+    assert replay(plan, [(3, True), (3, False)]) == [[], []]        # stays off for the rest of the step
+    assert replay(plan, [(0, True)]) == [[1, 2, 3]]                  # the first unit's forward: back on
+    plan.end_of_step()
+    # An eval-only forward (no backward), then a training step: both follow the recording.
+    assert replay(plan, STEP[:4])[0] == [1, 2, 3]
+    assert replay(plan, STEP) == replay_fresh(STEP)
+
+
+def replay_fresh(events):
+    plan = PrefetchPlan(1000)
+    replay(plan, STEP)
+    plan.end_of_step()
+    return replay(plan, events)
+
+
+class FlippingGPT(TinyGPT):
+    """Runs its blocks in reverse order while `flip` is set: the recorded order no longer holds."""
+
+    flip = False
+
+    def forward(self, tokens):
+        x = self.embed(tokens) + self.pos[: tokens.shape[1]]
+        for block in (reversed(self.blocks) if self.flip else self.blocks):
+            x = block(x)
+        return self.head(x)
+
+
+def train(rank, world, bucket, distance, flip_at=None, eval_at=None, offload=None):
+    torch.manual_seed(0)
+    model = FlippingGPT(layers=3)
+    cfg = ZeroConfig(stage=3, stage3_param_persistence_threshold=0, stage3_prefetch_bucket_size=bucket,
+                     stage3_max_reuse_distance=distance, offload_param=offload)
+    zero = dszero.ZeroOptimizer(model, torch.optim.AdamW(model.parameters(), lr=1e-2), cfg)
+    losses, gathers, prefetched = [], [], []
+    for step, (tokens,) in enumerate(batches(5, 1, world, rank)):
+        model.flip = flip_at is not None and step >= flip_at
+        if step == eval_at:
+            with torch.no_grad():
+                losses.append(loss_of(model, tokens).item())
+        loss = loss_of(model, tokens)
+        zero.backward(loss)
+        zero.step()
+        zero.zero_grad()
+        losses.append(loss.item())
+        gathers.append(sum(u.gather_count for u in zero.groups))
+        prefetched.append(sum(u.prefetch_count for u in zero.groups))
+    held = sum(u.gathered_bytes() for u in zero.groups)
+    return losses, gathers, prefetched, held
+
+
+def prefetch_cases(rank, world, tmp):
+    nvme = OffloadParamConfig(device="nvme", nvme_path=tmp, max_in_cpu=0, buffer_count=4, buffer_size=100_000)
+    cases = {}
+    for name, kwargs in {"plain": {}, "eval": {"eval_at": 2}, "flip": {"flip_at": 3}}.items():
+        for distance in (0, 10**9) if world == 2 else (10**9,):  # without and with reuse (the default)
+            cases[name, distance] = (train(rank, world, 0, distance, **kwargs),
+                                     train(rank, world, 20_000, distance, **kwargs))
+    if world == 2:
+        cases["nvme", 0] = (train(rank, world, 0, 0, offload=nvme), train(rank, world, 20_000, 0, offload=nvme))
+    return cases
+
+
+def check(results):
+    for cases in results:
+        for (name, distance), (off, on) in cases.items():
+            (losses_off, gathers_off, pre_off, _), (losses_on, gathers_on, pre_on, held) = off, on
+            torch.testing.assert_close(losses_on, losses_off, rtol=1e-6, atol=0, msg=f"{name}, reuse {distance}")
+            assert gathers_on == gathers_off, (name, distance)  # ahead of time, never extra
+            assert pre_off[-1] == 0 and pre_on[0] == 0, (name, distance)  # the first step only records
+            assert pre_on[1] > 0, (name, distance)  # the second step gathers ahead
+            assert held == 0  # nothing left gathered (or in flight) between steps
+        # Off the recording after the flip: later steps still prefetch forward's first units, fewer in all.
+        distance = 0 if ("plain", 0) in cases else 10**9
+        plain, flipped = cases["plain", distance][1][2], cases["flip", distance][1][2]
+        assert flipped[2] == plain[2] and flipped[4] - flipped[3] < plain[4] - plain[3]
+
+
+def test_prefetch_trains_exactly_as_on_demand_gathering_at_world_2(tmp_path):
+    check(run_ranks(prefetch_cases, 2, str(tmp_path), timeout=180))
+
+
+def test_prefetch_trains_exactly_as_on_demand_gathering_at_world_4(tmp_path):
+    check(run_ranks(prefetch_cases, 4, str(tmp_path), timeout=240))
