@@ -114,6 +114,9 @@ def check(results):
             assert pre_off[-1] == 0 and pre_on[0] == 0, (name, distance)  # the first step only records
             assert pre_on[1] > 0, (name, distance)  # the second step gathers ahead
             assert held == 0  # nothing left gathered (or in flight) between steps
+        # Reuse survives the eval-only forward: later steps gather each unit once, as without an eval.
+        plain_gathers, eval_gathers = cases["plain", 10**9][0][1], cases["eval", 10**9][0][1]
+        assert eval_gathers[4] - eval_gathers[3] == plain_gathers[4] - plain_gathers[3]
         # Off the recording after the flip: later steps still prefetch forward's first units, fewer in all.
         distance = 0 if ("plain", 0) in cases else 10**9
         plain, flipped = cases["plain", distance][1][2], cases["flip", distance][1][2]

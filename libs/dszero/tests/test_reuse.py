@@ -41,11 +41,21 @@ def test_reuse_choices(distance, live, kept):
     assert run_step(policy, ORDER, SIZES) == kept
 
 
-def test_a_different_order_turns_the_policy_off():
+def test_a_different_order_keeps_nothing_until_the_recording_starts_again():
     policy = ReusePolicy(10**9, 10**9)
     run_step(policy, ORDER, SIZES)
-    assert run_step(policy, [(1, "fwd"), *ORDER[1:]], SIZES) == []
-    assert run_step(policy, ORDER, SIZES) == []
+    assert run_step(policy, [(1, "fwd"), *ORDER[1:]], SIZES) == []  # off from its first gather
+    assert run_step(policy, [ORDER[0], (2, "fwd"), (1, "fwd"), *ORDER[3:]], SIZES) == [0]  # off after unit 0
+    assert run_step(policy, ORDER, SIZES) == [0, 1, 2]  # the next step follows the recording again
+
+
+def test_an_eval_only_forward_does_not_turn_reuse_off():
+    policy = ReusePolicy(10**9, 10**9)
+    run_step(policy, ORDER, SIZES)
+    for key, _ in ORDER[:3]:  # forward only, no backward, so no end_of_step
+        policy.on_gather(key, SIZES[key])
+        policy.keep_after_forward(key, SIZES[key])
+    assert run_step(policy, ORDER, SIZES) == [0, 1, 2]
 
 
 def gathers_per_step(rank, world, distance, threshold=0):

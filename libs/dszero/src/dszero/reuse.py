@@ -5,8 +5,10 @@ The first forward + backward records the order in which units are gathered. From
 unit's forward ends, it stays gathered if its next use comes within `max_reuse_distance` elements
 of other units' gathers and keeping it leaves at most `max_live_parameters` elements gathered.
 The last layers, whose backward follows their forward at once, are then not all-gathered twice.
-Every rank records the same order and so makes the same choices, so collectives stay matched; a
-step that gathers in another order than the recording turns the policy off for good.
+Every rank records the same order and so makes the same choices, so collectives stay matched. A
+gather off the recording (the end of an eval-only forward, a model that changes its order) keeps
+nothing more until the recording's first unit is gathered again or the step ends; a unit released
+too early is only gathered again, so every choice is safe.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ class ReusePolicy:
         self.recording = True
         self.enabled = max_reuse_distance > 0 and max_live_parameters > 0
         self.cursor = 0
+        self.following = True  # this step's gathers have matched the recording so far
         self.last_event: dict[int, int] = {}
         self.reuse_distance: list[int | None] = []  # per event: elements gathered before its unit's next use
         self.live: dict[int, int] = {}  # units kept gathered -> elements
@@ -28,14 +31,18 @@ class ReusePolicy:
         """A unit is needed (forward or backward pre-hook)."""
         if self.recording:
             self.trace.append((key, numel))
-        elif self.enabled and (self.cursor >= len(self.trace) or self.trace[self.cursor][0] != key):
-            self.enabled = False  # this step does not follow the recording: choose nothing from it
+        elif self.following and self.cursor < len(self.trace) and self.trace[self.cursor][0] == key:
+            pass
+        elif self.trace and self.trace[0][0] == key:
+            self.cursor, self.following = 0, True  # a forward starts again (after an eval-only forward, say)
+        else:
+            self.following = False  # off the recording: choose nothing from it until it starts again
         self.last_event[key] = self.cursor
         self.cursor += 1
 
     def keep_after_forward(self, key: int, numel: int) -> bool:
         """Whether the unit whose forward just ended stays gathered for its backward."""
-        if self.recording or not self.enabled:
+        if self.recording or not self.enabled or not self.following:
             return False
         event = self.last_event.get(key)
         distance = self.reuse_distance[event] if event is not None and event < len(self.reuse_distance) else None
@@ -55,6 +62,7 @@ class ReusePolicy:
             self.recording = False
             self.reuse_distance = self._distances()
         self.cursor = 0
+        self.following = True  # this step's gathers have matched the recording so far
         self.last_event.clear()
         self.live.clear()
 
