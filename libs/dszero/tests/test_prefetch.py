@@ -6,56 +6,85 @@ from models import TinyGPT, batches, loss_of
 import dszero
 from dscomm.testing import run_ranks
 from dsconfig import OffloadParamConfig, ZeroConfig
-from dszero.prefetch import PrefetchPlan
+from dszero.prefetch import ABSENT, BUSY, KEPT, PrefetchPlan
 
 SIZES = {0: 100, 1: 10, 2: 1, 3: 50}
 STEP = [(0, True), (1, True), (2, True), (3, True), (3, False), (2, False), (1, False), (0, False)]
 
 
-def replay(plan, events, resident=frozenset()):
-    chosen = []
-    for key, forward in events:
-        plan.on_need(key, SIZES[key], forward)
-        chosen.append(plan.ahead(lambda k, key=key: k in resident or k == key))  # the needed unit is gathered
-    return chosen
+class Units:
+    """Stage 3 as the plan sees it: a unit is gathered when needed or chosen, released after its module runs."""
+
+    def __init__(self, plan, kept=()):
+        self.plan, self.kept, self.gathered, self.running = plan, set(kept), set(), None
+
+    def state(self, key):
+        return BUSY if key == self.running else KEPT if key in self.gathered else ABSENT
+
+    def replay(self, events):
+        chosen = []
+        for key, forward in events:
+            self.plan.on_need(key, SIZES[key], forward)
+            self.gathered.add(key)
+            self.running = key if forward else None
+            chosen.append(self.plan.ahead(self.state))
+            self.gathered.update(chosen[-1])
+            if not (forward and key in self.kept):  # reuse keeps `kept` from forward to backward
+                self.gathered.discard(key)
+        return chosen
 
 
-def test_nothing_is_prefetched_while_the_first_step_records():
-    plan = PrefetchPlan(1000)
-    assert replay(plan, STEP) == [[]] * len(STEP)
+def recorded(bucket, kept=()):
+    plan = PrefetchPlan(bucket)
+    assert Units(plan).replay(STEP) == [[]] * len(STEP)  # the first step only records
     plan.end_of_step()
-    assert replay(plan, STEP)[0] == [1, 2, 3]  # every other unit fits in 1000 elements
+    return Units(plan, kept)
 
 
-def test_the_bucket_bounds_the_elements_gathered_ahead_and_skips_resident_units():
-    plan = PrefetchPlan(60)
-    replay(plan, STEP)
-    plan.end_of_step()
-    assert replay(plan, STEP[:2]) == [[1, 2], [2, 3]]  # 10 + 1 (+ 50 would pass 60); then 1 + 50
-    plan.end_of_step()
-    assert replay(plan, STEP[:1], resident={1, 2})[0] == [3]  # gathered units cost nothing
-    plan.end_of_step()
-    assert PrefetchPlan(0).ahead(lambda k: False) == []
+def test_forward_prefetches_the_next_units_and_backward_those_released_after_forward():
+    # Unit 3's forward is running when the look-ahead reaches its backward: it waits there, then
+    # backward's units (released after their forward) are gathered ahead.
+    assert recorded(1000).replay(STEP) == [[1, 2, 3], [], [], [], [2, 1, 0], [], [], []]
+    # Units that reuse keeps gathered are passed over.
+    assert recorded(1000, kept={0, 1, 2, 3}).replay(STEP) == [[1, 2, 3], [], [], [], [], [], [], []]
+
+
+def test_the_bucket_bounds_the_elements_chosen_and_not_yet_needed():
+    assert recorded(60).replay(STEP[:2]) == [[1, 2], [3]]  # 10 + 1 (+ 50 would pass 60); then 1 + 50
+    units = recorded(60)
+    units.gathered.update({1, 2})
+    assert units.replay(STEP[:1]) == [[3]]  # gathered units cost nothing
+    assert PrefetchPlan(0).ahead(lambda k: ABSENT) == []
 
 
 def test_an_order_off_the_recording_gathers_on_demand_until_a_forward_starts_again():
-    plan = PrefetchPlan(1000)
-    replay(plan, STEP)
-    plan.end_of_step()
-    assert replay(plan, [(0, True), (2, True)]) == [[1, 2, 3], []]  # unit 1 skipped: off the recording
-    assert replay(plan, [(3, True), (3, False)]) == [[], []]        # stays off for the rest of the step
-    assert replay(plan, [(0, True)]) == [[1, 2, 3]]                  # the first unit's forward: back on
-    plan.end_of_step()
+    units = recorded(1000)
+    assert units.replay([(0, True), (2, True)]) == [[1, 2, 3], []]  # unit 1 skipped: off the recording
+    assert units.replay([(3, True), (3, False)]) == [[], []]        # stays off for the rest of the step
+    assert units.replay([(0, True)]) == [[2, 3]]                    # the first unit's forward: back on
+    units.plan.end_of_step()
     # An eval-only forward (no backward), then a training step: both follow the recording.
-    assert replay(plan, STEP[:4])[0] == [1, 2, 3]
-    assert replay(plan, STEP) == replay_fresh(STEP)
+    units = recorded(1000)
+    assert units.replay(STEP[:4])[0] == [1, 2, 3]
+    units.gathered.clear()  # as the next backward's end leaves them
+    units.plan.end_of_step()
+    assert units.replay(STEP) == recorded(1000).replay(STEP)
 
 
-def replay_fresh(events):
-    plan = PrefetchPlan(1000)
-    replay(plan, STEP)
+def test_looking_ahead_costs_time_linear_in_the_needs():
+    events = [(k, True) for k in range(2000)] + [(k, False) for k in reversed(range(2000))]
+    plan = PrefetchPlan(10**9)
+    for key, forward in events:
+        plan.on_need(key, 1, forward)
     plan.end_of_step()
-    return replay(plan, events)
+    calls = []
+    def state(key):
+        calls.append(key)
+        return KEPT  # reuse keeps everything: nothing to gather, and nothing to look at twice
+    for key, forward in events:
+        plan.on_need(key, 1, forward)
+        plan.ahead(state)
+    assert len(calls) <= len(events)
 
 
 class FlippingGPT(TinyGPT):

@@ -26,7 +26,7 @@ from .layout import GroupLayout
 from .offload.param_homes import DeviceHome
 from .offload.pinned import host_copy
 from .ordered import InOrderLauncher, weakly
-from .prefetch import PrefetchPlan
+from .prefetch import ABSENT, BUSY, KEPT, PrefetchPlan
 from .reuse import ReusePolicy
 from .wire import gather_shards, reduce_scatter
 
@@ -212,6 +212,10 @@ class Stage3:
         self.average = average
         self.reuse = reuse or ReusePolicy(0, 0)
         self.prefetch = prefetch or PrefetchPlan(0)
+        # NVMe-homed shards start reading one bucket beyond the gathers (a second plan, twice as far).
+        nvme = getattr(homes, "device", "none") == "nvme"
+        self.read_ahead = PrefetchPlan(2 * self.prefetch.bucket) if nvme else None
+        self.in_forward: set[int] = set()  # units whose module's forward is running
         names = {id(p): n for n, p in module.named_parameters()}
         group_of = {id(p): i for i, g in enumerate(optimizer.param_groups) for p in g["params"] if p.requires_grad}
         self.units: list[Unit] = []
@@ -277,24 +281,30 @@ class Stage3:
             if not unit.persistent:
                 self.reuse.on_gather(id(unit), unit.layout.padded_numel)
                 self.prefetch.on_need(id(unit), unit.layout.padded_numel, forward)
+                if self.read_ahead is not None:
+                    self.read_ahead.on_need(id(unit), unit.layout.padded_numel, forward)
         for unit in units:
             unit.gather()
         self._gather_ahead()
 
+    def _state(self, key: int) -> int:
+        unit = self.unit_by_key[key]
+        if not unit.gathered:
+            return ABSENT
+        return BUSY if key in self.in_forward else KEPT
+
     def _gather_ahead(self) -> None:
-        """Launch the next units' gathers (see prefetch.py); NVMe shards one bucket further start reading."""
-        plan = self.prefetch
-        resident = lambda key: self.unit_by_key[key].resident  # noqa: E731
-        window = plan.ahead(resident)
-        for key in window:
+        """Launch the next units' gathers (see prefetch.py); NVMe shards further on start reading."""
+        for key in self.prefetch.ahead(self._state):
             unit = self.unit_by_key[key]
             if not unit.gathered and self._spare_read_buffer(unit):
                 unit.gather_async()
-        for key in plan.ahead(resident, 2 * plan.bucket)[len(window):]:
-            unit = self.unit_by_key[key]
-            read = getattr(unit.home, "prefetch", None)  # only NVMe homes read ahead
-            if read is not None and not unit.gathered and self._spare_read_buffer(unit):
-                read()
+        if self.read_ahead is not None:
+            for key in self.read_ahead.ahead(self._state):
+                unit = self.unit_by_key[key]
+                read = getattr(unit.home, "prefetch", None)  # CPU-homed shards (max_in_cpu) need no read
+                if read is not None and not unit.gathered and self._spare_read_buffer(unit):
+                    read()
 
     @staticmethod
     def _spare_read_buffer(unit: Unit) -> bool:
@@ -303,11 +313,13 @@ class Stage3:
         return spare is None or spare() > 1
 
     def _before_forward(self, module, args):
+        self.in_forward.update(id(u) for u in self.units_of_module[id(module)])
         self._need(module, True)
 
     def _after_forward(self, module, args, output):
         # Released now unless reused soon; the backward pre-hook gathers them again before autograd reads them.
         for unit in self.units_of_module[id(module)]:
+            self.in_forward.discard(id(unit))
             if unit.persistent or self.reuse.keep_after_forward(id(unit), unit.layout.padded_numel):
                 continue
             unit.release()
@@ -326,6 +338,9 @@ class Stage3:
             unit.release()
         self.reuse.end_of_step()
         self.prefetch.end_of_step()
+        if self.read_ahead is not None:
+            self.read_ahead.end_of_step()
+        self.in_forward.clear()
 
     def _reduce(self, unit: Unit) -> None:
         flat = torch.zeros(unit.layout.padded_numel, dtype=unit.dtype, device=unit.grad_shard.device)
