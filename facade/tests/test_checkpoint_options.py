@@ -24,13 +24,19 @@ def _step(engine, n=2):
         engine.step()
 
 
-def save_then_load_module_only(rank, world, directory, stage):
-    engine = _engine(stage)
+def save_then_load_module_only(rank, world, directory, stage, extra):
+    engine = _engine(stage, **extra)
     _step(engine, 3)
     engine.save_checkpoint(directory, tag="t1")
     with dstrain.zero.GatheredParameters(list(engine.module.parameters())):
         saved = [p.detach().clone() for p in engine.module.parameters()]
-    fresh = _engine(stage, seed=5)
+    fresh = _engine(stage, seed=5, **extra)
+    path, client = fresh.load_checkpoint(directory, load_module_only=True)
+    _step(fresh, 1)  # the next update starts from the loaded weights (bf16: its fp32 masters were reset)
+    with dstrain.zero.GatheredParameters(list(fresh.module.parameters())):
+        moved = max((a - b).abs().max().item() for a, b in zip(saved, fresh.module.parameters()))
+    assert moved < 0.1, moved  # one small step away, not back at the fresh model's own weights
+    fresh = _engine(stage, seed=5, **extra)
     path, client = fresh.load_checkpoint(directory, load_module_only=True)
     with dstrain.zero.GatheredParameters(list(fresh.module.parameters())):
         loaded = [p.detach().clone() for p in fresh.module.parameters()]
@@ -39,9 +45,11 @@ def save_then_load_module_only(rank, world, directory, stage):
                                                                              zip(saved, loaded))
 
 
-@pytest.mark.parametrize("stage", [0, 3])
-def test_load_module_only_takes_weights_and_nothing_else(tmp_path, stage):
-    for ok, client, steps, state_empty, same in run_ranks(save_then_load_module_only, 2, str(tmp_path), stage):
+@pytest.mark.parametrize(("stage", "extra"), [(0, {}), (3, {}), (1, {"bf16": {"enabled": True}})],
+                         ids=["stage0", "stage3", "stage1-bf16"])
+def test_load_module_only_takes_weights_and_nothing_else(tmp_path, stage, extra):
+    for ok, client, steps, state_empty, same in run_ranks(save_then_load_module_only, 2, str(tmp_path), stage,
+                                                          extra):
         assert ok and client == {} and steps == 0 and state_empty and same
 
 

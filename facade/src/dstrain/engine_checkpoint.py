@@ -117,10 +117,14 @@ def _rank_state(engine: DeepSpeedEngine) -> dict[str, Any]:
             "loader": loader.state_dict() if loader is not None else None, "rng": rng.capture()}
 
 
+def _parameters_in_shards(engine: DeepSpeedEngine) -> bool:
+    return engine.optimizer is not None and engine.optimizer.partitions_parameters
+
+
 def _module_state(engine: DeepSpeedEngine) -> dict[str, torch.Tensor]:
-    # At stage 3 the parameters live only in the ZeRO shards; the module file keeps its buffers.
+    # Where the parameters live only in the ZeRO shards (stage 3), the module file keeps its buffers.
     module = engine.module
-    if engine.zero_optimization_stage() == 3:
+    if _parameters_in_shards(engine):
         param_names = {name for name, _ in module.named_parameters()}
         state = {k: v for k, v in module.state_dict().items() if k not in param_names}
     else:
@@ -193,7 +197,7 @@ def _checkpoint_path(root: Path, tag: str) -> Path:
 def _load_module(engine: DeepSpeedEngine, path: Path, strict: bool) -> None:
     saved = dsaio.load_state_dict(path / MODEL_FILE)
     module = engine.module
-    if engine.zero_optimization_stage() == 3:
+    if _parameters_in_shards(engine):
         param_names = {name for name, _ in module.named_parameters()}
         expected = {k for k in module.state_dict() if k not in param_names}
     else:
@@ -216,13 +220,10 @@ def _load_module(engine: DeepSpeedEngine, path: Path, strict: bool) -> None:
 
 def _masters_from(engine: DeepSpeedEngine, path: Path) -> None:
     """The ZeRO master weights after a module-only load."""
-    zero = engine.optimizer
-    if engine.zero_optimization_stage() == 3:
-        zero.load(path / ZERO_DIR, load_optimizer_states=False)  # the parameters live in the shards
-        return
-    for flat in zero.groups:  # the module's weights (just loaded) are the truth
-        if flat.separate_master:
-            flat.master.copy_(flat.model_shard())
+    if _parameters_in_shards(engine):
+        engine.optimizer.load(path / ZERO_DIR, load_optimizer_states=False)
+    else:
+        engine.optimizer.masters_from_module()  # the module's weights, just loaded, are the truth
 
 
 def _load_rank_state(engine: DeepSpeedEngine, path: Path, common: dict) -> None:
@@ -250,7 +251,7 @@ def save_16bit_model(engine: DeepSpeedEngine, save_dir, save_filename: str) -> b
     module = engine.module
     rank = torch.distributed.get_rank(engine.data_parallel_group)
     target = Path(save_dir) / save_filename
-    if engine.zero_optimization_stage() == 3:
+    if _parameters_in_shards(engine):
         if not engine._config.zero_optimization.stage3_gather_16bit_weights_on_model_save:
             warnings.warn("save_16bit_model at ZeRO stage 3 needs zero_optimization."
                           "stage3_gather_16bit_weights_on_model_save: true; nothing saved", stacklevel=3)

@@ -206,6 +206,20 @@ class ZeroOptimizer:
 
     # ------------------------------------------------------------------ training
     @property
+    def partitions_parameters(self) -> bool:
+        """Whether the module's parameters live only in this optimizer's shards (stage 3)."""
+        return self.stage == 3
+
+    def masters_from_module(self) -> None:
+        """Take the module's current weights as the master weights, after the module was loaded directly."""
+        if self.partitions_parameters:
+            raise ZeroError("at stage 3 the module's parameters live in the ZeRO shards: load them with load()")
+        with self.stepper.resident(write_back=True):
+            for flat in self.groups:
+                if flat.separate_master:
+                    flat.master.copy_(flat.model_shard())
+
+    @property
     def param_groups(self) -> list[dict[str, Any]]:
         """The wrapped optimizer's parameter groups (lr, betas, ...), as torch optimizers expose them."""
         return self.optimizer.param_groups
