@@ -36,11 +36,17 @@ def ddp_losses(rank, world, micro, gas, clip):
     return losses, [p.detach().clone() for p in model.parameters()]
 
 
-def engine_losses(rank, world, micro, gas, clip, stage, plain_backward=False):
+def engine_losses(rank, world, micro, gas, clip, stage, plain_backward=False, *, zero=None, managed=True):
+    """The engine's losses and final weights; a client AdamW, or with `zero` the config's (and its zero keys)."""
     model = make_model()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
-    engine, _, loader, _ = dstrain.initialize(model=model, optimizer=opt, training_data=TokenDataset(),
-                                              config=config(micro, gas, stage, gradient_clipping=clip))
+    cfg = config(micro, gas, stage, gradient_clipping=clip, managed_gradient_accumulation=managed)
+    if zero is None:
+        client = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
+    else:
+        client = None
+        cfg["optimizer"] = {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}}
+        cfg["zero_optimization"] = {**cfg["zero_optimization"], **zero}
+    engine, _, loader, _ = dstrain.initialize(model=model, optimizer=client, training_data=TokenDataset(), config=cfg)
     batches = iter(loader)
     losses = []
     for _ in range(STEPS):
@@ -49,10 +55,15 @@ def engine_losses(rank, world, micro, gas, clip, stage, plain_backward=False):
             loss = engine(next(batches))
             if plain_backward:
                 loss.backward()
-            else:
+            elif managed:
                 engine.backward(loss)
-            engine.step()
+            else:  # the caller divides by the accumulation steps and steps once per boundary
+                engine.backward(loss / gas)
+            if managed:
+                engine.step()
             total += loss.item() / gas
+        if not managed:
+            engine.step()
         losses.append(total)
     assert engine.global_steps == STEPS and engine.global_samples == STEPS * micro * gas * world
     with dstrain.zero.GatheredParameters(list(model.parameters())):
@@ -111,45 +122,19 @@ def test_micro_2_by_gas_4_equals_micro_8_by_gas_1():
             torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6)
 
 
-def engine_with(rank, world, micro, gas, zero, managed=True):
-    model = make_model()
-    cfg = config(micro, gas, optimizer={"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}},
-                 managed_gradient_accumulation=managed, gradient_clipping=0.5)
-    cfg["zero_optimization"] = {**cfg["zero_optimization"], **zero}
-    engine, _, loader, _ = dstrain.initialize(model=model, training_data=TokenDataset(), config=cfg)
-    batches = iter(loader)
-    losses = []
-    for _ in range(STEPS):
-        total = 0.0
-        for _ in range(gas):
-            loss = engine(next(batches))
-            if managed:
-                engine.backward(loss)
-                engine.step()
-            else:  # the caller divides by the accumulation steps and steps once per boundary
-                engine.backward(loss / gas)
-            total += loss.item() / gas
-        if not managed:
-            engine.step()
-        losses.append(total)
-    with dstrain.zero.GatheredParameters(list(model.parameters())):
-        weights = [p.detach().clone() for p in model.parameters()]
-    return losses, weights
-
-
 @pytest.mark.parametrize("zero", [
     {"stage": 2, "offload_optimizer": {"device": "cpu"}},
     {"stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}},
 ], ids=["zero2-cpu-offload", "zero3-cpu-offload"])
 def test_offload_through_the_engine_matches_ddp(zero):
     expected = run_ranks(ddp_losses, 2, 4, 2, 0.5)
-    got = run_ranks(engine_with, 2, 4, 2, zero)
+    got = run_ranks(engine_losses, 2, 4, 2, 0.5, 0, zero=zero)
     _close(got[0], expected[0])
 
 
 def test_unmanaged_accumulation_steps_when_the_caller_says():
     expected = run_ranks(ddp_losses, 2, 4, 2, 0.5)
-    got = run_ranks(engine_with, 2, 4, 2, {"stage": 1}, False)
+    got = run_ranks(engine_losses, 2, 4, 2, 0.5, 1, zero={}, managed=False)
     _close(got[0], expected[0])
 
 

@@ -27,33 +27,39 @@ def pick_source(args: Any, config: Any, config_params: Any) -> Any:
     if source is None:
         raise ConfigError(Problem("config", "no DeepSpeed config: pass initialize(config=<path or dict>), "
                                             "config_params=..., or --deepspeed_config <file> (add_config_arguments)"))
-    if isinstance(source, (str, os.PathLike)) and not os.path.exists(source) and not _looks_like_base64(source):
+    # A path that is plainly a file name; other strings may be base64 or JSON text, which dsconfig reads.
+    named_file = isinstance(source, os.PathLike) or (isinstance(source, str) and source.endswith(".json"))
+    if named_file and not os.path.exists(source):
         raise ConfigError(Problem("config", f"file not found: {os.fspath(source)!r}"))
     return source
 
 
-def _looks_like_base64(text: Any) -> bool:
-    return isinstance(text, str) and not text.endswith(".json") and len(text) > 16 and "/" not in text[:8]
-
-
-def load_config(source: Any, data_parallel_size: int, *, strict: bool = False) -> DeepSpeedConfig:
-    """A complete config: batch triple resolved at `data_parallel_size`, no "auto" left.
+def load_config(source: Any, data_parallel_size: int, *, strict: bool = False) -> tuple[DeepSpeedConfig, dict | None]:
+    """A complete config (batch triple resolved at `data_parallel_size`, no "auto" left) and the raw dict
+    it was read from (None for an already-built config), the source read once.
 
     Unknown keys warn rather than fail by default (strict=False), as DeepSpeed ignores them; the
     values of known keys are always checked.
     """
     if isinstance(source, DeepSpeedConfig):
+        raw = None
         cfg = source
         if cfg.data_parallel_size != data_parallel_size and cfg.is_batch_resolved():
             cfg = dsconfig.load(cfg.to_dict(), world_size=data_parallel_size, strict=True)
     else:
-        with warnings.catch_warnings():
-            warnings.simplefilter("always", dsconfig.ConfigWarning)
-            cfg = dsconfig.load(source, world_size=data_parallel_size, strict=strict)
+        raw, name = dsconfig.read_source(source)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("always", dsconfig.ConfigWarning)
+                cfg = dsconfig.load(raw, world_size=data_parallel_size, strict=strict)
+        except ConfigError as exc:
+            if name and not exc.source:  # name the file, as dsconfig.load(path) would
+                raise ConfigError(exc.problems, source=name) from None
+            raise
     if not cfg.is_batch_resolved():
         cfg = cfg.with_batch_size(world_size=data_parallel_size)
     left = cfg.unresolved_auto()
     if left:
         raise ConfigError([Problem(path, 'is still "auto": give it a value (the Hugging Face Trainer fills '
                                          'these in; a plain script must)') for path in left])
-    return cfg
+    return cfg, raw

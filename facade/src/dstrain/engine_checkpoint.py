@@ -197,11 +197,12 @@ def _checkpoint_path(root: Path, tag: str) -> Path:
 def _load_module(engine: DeepSpeedEngine, path: Path, strict: bool) -> None:
     saved = dsaio.load_state_dict(path / MODEL_FILE)
     module = engine.module
+    current = module.state_dict()
     if _parameters_in_shards(engine):
         param_names = {name for name, _ in module.named_parameters()}
-        expected = {k for k in module.state_dict() if k not in param_names}
+        expected = {k for k in current if k not in param_names}
     else:
-        expected = set(module.state_dict())
+        expected = set(current)
     missing, unexpected = sorted(expected - set(saved)), sorted(set(saved) - expected)
     if strict and (missing or unexpected):
         raise CheckpointLoadError(f"{path / MODEL_FILE} does not match the model: missing {missing[:5]}"
@@ -209,7 +210,6 @@ def _load_module(engine: DeepSpeedEngine, path: Path, strict: bool) -> None:
                                   f"{'...' if len(unexpected) > 5 else ''} (load_module_strict=False loads the "
                                   f"keys that match)")
     with torch.no_grad():
-        current = module.state_dict()
         for name, value in saved.items():
             if name in current:
                 if current[name].shape != value.shape:

@@ -6,8 +6,6 @@ an error that names it.
 
 from __future__ import annotations
 
-from typing import Any
-
 import dsconfig
 from dsconfig import DeepSpeedConfig, Problem
 
@@ -41,10 +39,3 @@ def check_features(cfg: DeepSpeedConfig, raw: dict | None) -> None:
     if problems:
         raise UnsupportedFeatureError(problems)
 
-
-def raw_dict(source: Any) -> dict | None:
-    """The config as the user wrote it, for the key-level check (None for an already-built config)."""
-    if isinstance(source, DeepSpeedConfig):
-        return None
-    raw, _ = dsconfig.read_source(source)
-    return raw

@@ -12,7 +12,7 @@ from dsconfig import ConfigError, Problem
 from .config_source import load_config, pick_source
 from .engine import DeepSpeedEngine
 from .errors import DstrainError
-from .feature_gate import check_features, raw_dict
+from .feature_gate import check_features
 
 
 def initialize(args: Any = None, model: torch.nn.Module | None = None, optimizer: Any = None,
@@ -34,8 +34,8 @@ def initialize(args: Any = None, model: torch.nn.Module | None = None, optimizer
     _start_distributed(distributed_port, dist_init_required)
     group = dscomm.groups.get_data_parallel_group()
     source = pick_source(args, config, config_params)
-    cfg = load_config(source, torch.distributed.get_world_size(group), strict=strict_config)
-    check_features(cfg, raw_dict(source))
+    cfg, raw = load_config(source, torch.distributed.get_world_size(group), strict=strict_config)
+    check_features(cfg, raw)
     engine = DeepSpeedEngine(model=model, config=cfg, optimizer=optimizer, model_parameters=model_parameters,
                              training_data=training_data, lr_scheduler=lr_scheduler, collate_fn=collate_fn,
                              data_parallel_group=group)

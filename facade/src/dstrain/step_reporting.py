@@ -67,7 +67,8 @@ class StepReporter:
         engine = self.engine
         step, samples = engine.global_steps, engine.global_samples
         if self.monitor.enabled:
-            batch = [(events.LR, engine.get_lr()[0], samples)] if engine.get_lr() else []
+            lrs = engine.get_lr()
+            batch = [(events.LR, lrs[0], samples)] if lrs else []
             if self._loss_sum is not None:
                 batch.append((events.TRAIN_LOSS, (self._loss_sum / self._loss_count).item(), samples))
             if engine.fp16_enabled():
