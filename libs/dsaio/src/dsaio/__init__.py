@@ -8,7 +8,15 @@ Needs numpy; torch is optional and never imported by `import dsaio`.
 """
 
 from ._version import __version__
-from .checkpoint import CheckpointError, load, load_state_dict, load_with_metadata, save, save_state_dict
+from .checkpoint import (
+    CheckpointError,
+    check_state_dict,
+    load,
+    load_state_dict,
+    load_with_metadata,
+    save,
+    save_state_dict,
+)
 from .engines import backends
 from .errors import AioError
 from .gds import gds_handle
@@ -21,6 +29,7 @@ __all__ = [
     "__version__",
     "aio_handle",
     "backends",
+    "check_state_dict",
     "free_cpu_locked_tensor",
     "gds_handle",
     "load",

@@ -2,6 +2,7 @@
 
 from .api import load, load_with_metadata, save
 from .format import CheckpointError
-from .state import load_state_dict, save_state_dict
+from .state import SUPPORTED_TYPES, check_state_dict, load_state_dict, save_state_dict
 
-__all__ = ["CheckpointError", "load", "load_state_dict", "load_with_metadata", "save", "save_state_dict"]
+__all__ = ["SUPPORTED_TYPES", "CheckpointError", "check_state_dict", "load", "load_state_dict", "load_with_metadata", "save",
+           "save_state_dict"]
