@@ -3,6 +3,7 @@
 Layout of a checkpoint directory:
     zero_shard_00000-of-00002.safetensors   one per rank: master weights and optimizer state (dsaio files)
     zero_meta.json                          written last, by rank 0: layouts, step counts, loss scale
+    manifest.json                           every file's size and SHA-256 (see manifest.py), checked at load
 
 Every rank writes into `<dir>.partial`; after all have written, rank 0 adds zero_meta.json and
 swaps the directory into place (the previous one is kept as `<dir>.old` until the swap is done),
@@ -26,6 +27,8 @@ import dscomm
 from ..errors import CheckpointError
 from ..layout import GroupLayout, Slot, reshard_reads
 from .atomic import swap_into_place, write_text_atomically
+from .manifest import verify_manifest, write_manifest
+from .writers import is_shared_file_writer
 
 if TYPE_CHECKING:
     from ..optimizer import ZeroOptimizer
@@ -44,11 +47,11 @@ def save(zero: ZeroOptimizer, directory: str | os.PathLike, *, node_local: bool 
     node_local: `directory` is on each node's own disk (no shared file system): every node's local
     rank 0 also writes the metadata, so each node holds what its ranks need to load.
     """
-    final = Path(directory)
+    final = checkpoint_directory(directory)
     partial = final.with_name(final.name + ".partial")
     saved_world = zero.world if zero.stage >= 1 else 1
     writer = zero.rank < saved_world
-    organiser = zero.rank == 0 or (node_local and dscomm.get_local_rank() == 0)
+    organiser = is_shared_file_writer(final.parent, zero.process_group, node_local)
     if organiser:
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
@@ -66,6 +69,7 @@ def save(zero: ZeroOptimizer, directory: str | os.PathLike, *, node_local: bool 
                 "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in state["param_groups"]],
                 "layouts": [_layout_to_json(flat.layout) for flat in zero.groups]}
         write_text_atomically(partial / META, json.dumps(meta, indent=1))
+        write_manifest(partial)
         swap_into_place(partial, final)
     dscomm.barrier(group=zero.process_group)
     return final
@@ -94,6 +98,22 @@ def _layout_from_json(data: dict[str, Any]) -> GroupLayout:
     return GroupLayout(slots, data["world_size"], data["alignment"])
 
 
+def checkpoint_directory(directory: str | os.PathLike) -> Path:
+    """`directory` made absolute and normal; refused when it names no directory of its own (".", "/").
+
+    A save renames the directory aside and replaces it, so a path that resolves to a parent of other
+    data ("x/..", "/") would move that data."""
+    given = Path(os.fspath(directory))
+    path = Path(os.path.abspath(given))
+    if given.name in ("", ".", "..") or path.name == "":
+        raise CheckpointError(f"{os.fspath(directory)!r} is not a checkpoint directory of its own (it resolves to "
+                              f"{path}); give a path whose last part names the checkpoint, e.g. ckpt/step100")
+    if path.is_dir() and any(path.iterdir()) and not (path / META).is_file():
+        raise CheckpointError(f"{path} exists and is not a ZeRO checkpoint ({META} missing); a save replaces its "
+                              f"directory, so it refuses to replace this one: choose a new or empty directory")
+    return path
+
+
 def resolve_directory(directory: str | os.PathLike) -> Path:
     """The complete checkpoint at `directory`, or the `.old` one an interrupted save left."""
     path = Path(directory)
@@ -107,9 +127,13 @@ def resolve_directory(directory: str | os.PathLike) -> Path:
 
 
 def read_meta(directory: Path) -> dict[str, Any]:
-    meta = json.loads((directory / META).read_text())
-    if meta.get("format") != FORMAT:
-        raise CheckpointError(f"{directory / META}: unknown format {meta.get('format')!r}; expected {FORMAT}")
+    verify_manifest(directory)
+    try:
+        meta = json.loads((directory / META).read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{directory / META}: not valid JSON ({exc})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise CheckpointError(f"{directory / META}: unknown format; expected {FORMAT}")
     return meta
 
 
