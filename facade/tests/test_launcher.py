@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -196,3 +197,76 @@ def test_bad_hostfile_is_an_error_naming_the_line(tmp_path, capsys, monkeypatch)
     err = capsys.readouterr().err
     assert code == 2
     assert "hostfile:2" in err and "listed twice (first on line 1)" in err
+
+
+# Hostile input: nothing from a hostfile or an env file may reach ssh as an option or run in a remote shell.
+
+@pytest.mark.parametrize("kind", ["-oProxyCommand", "-F"])
+def test_option_like_host_is_refused_before_anything_runs(tmp_path, capsys, monkeypatch, kind):
+    """With real ssh, `-Fconfig` read ./config and ran its ProxyCommand while only checking that hosts are reachable."""
+    monkeypatch.chdir(tmp_path)
+    touched = tmp_path / "proxy_command_ran"
+    payload = tmp_path / "payload.sh"
+    payload.write_text(f"#!/bin/sh\ntouch {touched}\n")
+    payload.chmod(0o755)
+    (tmp_path / "evil_config").write_text(f"Host *\n  ProxyCommand {payload}\n")
+    host = f"-oProxyCommand={payload}" if kind == "-oProxyCommand" else "-Fevil_config"  # relative to the cwd
+    (tmp_path / "hostfile").write_text(f"localhost slots=1\n{host} slots=1\n")
+    code = main(["--hostfile", "hostfile", "--launcher", "ssh", str(SCRIPTS / "report_env.py"), str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"hostfile:2: '{host} slots=1': {host!r} is not a host name" in err
+    assert "IPv4" in err and "IPv6" in err  # says what is valid
+    assert not touched.exists()
+    assert not list(tmp_path.glob("rank*.json"))
+
+
+@pytest.fixture
+def fake_ssh(tmp_path):
+    """An `ssh` first on PATH that runs the remote line with `sh -c` here; its log lists the hosts it got."""
+    folder = tmp_path / "fake_bin"
+    folder.mkdir()
+    (folder / "ssh").write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} "
+                                f"{shlex.quote(str(SCRIPTS / 'fake_ssh.py'))} \"$@\"\n")
+    (folder / "ssh").chmod(0o755)
+    log = tmp_path / "ssh.log"
+    return {"PATH": f"{folder}:{os.environ['PATH']}", "FAKE_SSH_LOG": str(log)}, log
+
+
+def test_env_file_key_that_is_not_a_name_is_refused(job, tmp_path, fake_ssh):
+    """`X$(cmd)=1` used to run cmd on the remote node, unquoted in its shell line."""
+    env, log = fake_ssh
+    touched = tmp_path / "key_command_ran"
+    (tmp_path / ".deepspeed_env").write_text(f"GOOD=1\nX$(touch {touched})=1\n")
+    (tmp_path / "hostfile").write_text("node-a slots=1\n")
+    done = job.run("--hostfile", "hostfile", "--launcher", "ssh", "--master_addr", "127.0.0.1",
+                   str(SCRIPTS / "report_env.py"), str(tmp_path), extra_env=env)
+    assert done.returncode == 2
+    assert f"{tmp_path / '.deepspeed_env'}:2: " in done.stderr
+    assert f"'X$(touch {touched})' is not a variable name" in done.stderr
+    assert not touched.exists() and not log.exists()  # refused before ssh was ever started
+
+
+def test_remote_node_gets_values_script_and_arguments_verbatim(job, tmp_path, fake_ssh):
+    """Everything on a remote node's shell line is quoted: shell syntax in any of it arrives as text."""
+    env, log = fake_ssh
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    values = {"SPACES": "a  b   c", "QUOTES": "it's \"double\" and 'single'", "SUBST": f"$(touch {marks}/subst)",
+              "TICKS": f"`touch {marks}/ticks`", "SEMI": f"x; touch {marks}/semi", "EMPTY": ""}
+    (tmp_path / ".deepspeed_env").write_text("".join(f"{k}={v}\n" for k, v in values.items()))
+    folder = tmp_path / "scripts $(cd marks && touch folder) 'q'"  # a file name holds no '/'
+    folder.mkdir()
+    script = folder / "report_environ.py"
+    shutil.copy(SCRIPTS / "report_environ.py", script)
+    args = ["two words", f"$(touch {marks}/arg)", "it's", "a;b", "*", str(tmp_path)]
+    (tmp_path / "hostfile").write_text("node-a slots=1\n")
+    done = job.run("--hostfile", "hostfile", "--launcher", "ssh", "--master_addr", "127.0.0.1",
+                   str(script), *args, extra_env=env)
+    assert done.returncode == 0, done.stderr
+    assert log.read_text().split() == ["node-a", "node-a"]  # the reachability probe, then the node
+    seen = ranks(tmp_path)[0]
+    assert seen["script"] == str(script)
+    assert seen["argv"] == ["--local_rank=0", *args]
+    assert {k: seen["environ"].get(k) for k in values} == values
+    assert not list(marks.iterdir())

@@ -105,8 +105,8 @@ def test_remote_nodes_run_torchrun_over_ssh(tmp_path, monkeypatch):
     job, nodes = _plan("--hostfile", "hosts", "--include", "worker-0@worker-1:1", "--ssh_port", "2222")
     assert job.master_addr == "worker-0"
     argv = node_argv(job, nodes[1], "ssh", 2222)
-    assert argv[:6] == ["ssh", "-o", "BatchMode=yes", "-p", "2222", "worker-1"]
-    remote = shlex.split(argv[6])
+    assert argv[:7] == ["ssh", "-o", "BatchMode=yes", "-p", "2222", "--", "worker-1"]  # '--': never an option
+    remote = shlex.split(argv[7])
     assert remote[:3] == ["cd", str(tmp_path), "&&"]
     assert "CUDA_VISIBLE_DEVICES=1" in remote
     for flag in ("--nnodes=2", "--node_rank=1", "--nproc_per_node=1", "--master_addr=worker-0",
@@ -143,3 +143,65 @@ def test_dry_run_prints_each_node(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "# node 0 (localhost, slots 0)" in out and "# node 1 (127.0.0.1, slots 0)" in out
     assert "--node_rank=1" in out and "ssh" not in out
+
+
+@pytest.mark.parametrize("host", ["-Fconfig", "-oProxyCommand", "--", "-", "host;rm", "a$(b)", "[::1]", "user@host",
+                                  "host:22", ".leading", "trailing-", "a..b", "x" * 64, "a/b", "fe80::1%$(x)",
+                                  "::1::2", "wörker"])
+def test_hosts_that_are_not_host_names_or_addresses_are_refused(host):
+    with pytest.raises(HostfileError) as info:
+        parse_hostfile_text(f"ok slots=1\n{host} slots=2\n", "hosts")
+    message = str(info.value)
+    assert f"hosts:2: '{host} slots=2': {host!r} is not a host name" in message
+    assert "IPv4" in message and "IPv6" in message  # says what is valid
+
+
+@pytest.mark.parametrize("host", ["worker-0", "node_1", "gpu.cluster.example.com", "10.0.0.1", "::1",
+                                  "fe80::1%eth0", "2001:db8::8a2e:370:7334", "a" * 63, "0worker", "host.example."])
+def test_host_names_and_addresses_are_accepted(host):
+    assert parse_hostfile_text(f"{host} slots=2\n") == {host: 2}
+
+
+@pytest.mark.parametrize("option", ["--include", "--exclude"])
+def test_filters_refuse_what_is_not_a_host_name(option):
+    with pytest.raises(LaunchError) as info:
+        select_resources(HOSTS, **{option[2:]: "worker-0@-Fconfig:0"})
+    assert f"{option} 'worker-0@-Fconfig:0': '-Fconfig' is not a host name" in str(info.value)
+
+
+def test_master_addr_must_be_a_host_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "hosts").write_text("worker-0 slots=1\n")
+    with pytest.raises(LaunchError, match=r"--master_addr '-oProxyCommand=x': not a host name"):
+        _plan("--hostfile", "hosts", "--master_addr=-oProxyCommand=x")
+    assert _plan("--hostfile", "hosts", "--master_addr", "10.1.2.3")[0].master_addr == "10.1.2.3"
+
+
+@pytest.mark.parametrize("line, key", [
+    ("X$(touch pwned)=1", "X$(touch pwned)"),
+    ("MY VAR=1", "MY VAR"),
+    ("=1", ""),
+    ("1ST=1", "1ST"),
+    ("A-B=1", "A-B"),
+    ("export A=1", "export A"),
+    ("-u=PATH", "-u"),
+])
+def test_env_file_keys_must_be_variable_names(tmp_path, line, key):
+    (tmp_path / ".deepspeed_env").write_text(f"OK=1\n\n{line}\n")
+    with pytest.raises(LaunchError) as info:
+        exported_environment({}, home=str(tmp_path / "no"), cwd=str(tmp_path))
+    message = str(info.value)
+    assert f"{tmp_path / '.deepspeed_env'}:3: {key!r} is not a variable name" in message
+    assert "[A-Za-z_][A-Za-z0-9_]*" in message
+
+
+def test_env_file_line_without_equals_is_an_error(tmp_path):
+    (tmp_path / ".dstrain_env").write_text("NCCL_DEBUG\n")
+    with pytest.raises(LaunchError, match=r"\.dstrain_env:1: 'NCCL_DEBUG': expected KEY=VALUE"):
+        exported_environment({}, home=str(tmp_path / "no"), cwd=str(tmp_path))
+
+
+def test_exported_variables_with_unusable_names_are_refused():
+    with pytest.raises(LaunchError, match=r"environment variable 'NCCL\$\(x\)' cannot be passed to other nodes"):
+        exported_environment({"NCCL$(x)": "1"}, home="/nonexistent", cwd="/nonexistent")
+

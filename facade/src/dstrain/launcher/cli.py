@@ -15,7 +15,7 @@ import sys
 
 from .commands import Job, Node, exported_environment, is_local_host, node_argv_display
 from .errors import LaunchError
-from .hostfile import parse_hostfile, select_resources
+from .hostfile import check_host, parse_hostfile, select_resources
 from .runner import Supervisor, check_reachable
 
 DEFAULT_PORT = 29500  # DeepSpeed's and torch's default
@@ -89,7 +89,9 @@ def plan(args: argparse.Namespace, environ: dict[str, str] | None = None) -> tup
     nodes = tuple(Node(host, rank, tuple(slots), force_local or is_local_host(host))
                   for rank, (host, slots) in enumerate(resources.items()))
     master = args.master_addr
-    if master is None:
+    if master is not None:
+        check_host(master, "--master_addr")  # it reaches every node's torchrun, remote ones through a shell
+    else:
         first = nodes[0].host
         if all(n.local for n in nodes):
             master = "127.0.0.1"

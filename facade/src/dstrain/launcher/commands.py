@@ -5,10 +5,14 @@ ssh or pdsh for a remote node. Pure functions over plain data, so they are teste
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from .errors import LaunchError
+from .hostfile import check_host
 
 HERE = Path(__file__).resolve().parent
 NODE_AGENT = str(HERE / "_node.py")
@@ -18,6 +22,9 @@ RANK_ENTRY = str(HERE / "_rank.py")
 EXPORT_PREFIXES = ("NCCL", "PYTHON", "UCX", "MV2", "FI_", "GLOO_", "TORCH_", "OMP_", "DSTRAIN_", "DSAIO_")
 ENV_FILES = (".deepspeed_env", ".dstrain_env")  # KEY=VALUE lines for every node, from ~ and the cwd
 LOOPBACK = {"localhost", "127.0.0.1", "::1", "ip6-localhost"}
+# Names go unquoted into a remote node's shell line (`env NAME=value`): only plain names are safe there.
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+ENV_NAME_RULE = "a variable name is letters, digits and '_', not starting with a digit: [A-Za-z_][A-Za-z0-9_]*"
 
 
 @dataclass(frozen=True)
@@ -79,28 +86,46 @@ def remote_command(job: Job, node: Node) -> str:
 
 def ssh_argv(host: str, command: str, ssh_port: int | None = None, options: tuple[str, ...] = ()) -> list[str]:
     port = ["-p", str(ssh_port)] if ssh_port else []
-    # BatchMode: fail at once instead of prompting for a password nobody can type.
-    return ["ssh", "-o", "BatchMode=yes", *options, *port, host, command]
+    # BatchMode: fail at once instead of prompting for a password nobody can type. '--': whatever
+    # the host is called, ssh never reads it as an option.
+    return ["ssh", "-o", "BatchMode=yes", *options, *port, "--", check_host(host, "host"), command]
 
 
 def pdsh_argv(host: str, command: str) -> list[str]:
     # One host per pdsh so each node gets its own rank and exit code (-S); the ssh port and user
     # come from ~/.ssh/config, as for pdsh's other uses.
-    return ["pdsh", "-S", "-R", "ssh", "-w", host, command]
+    # pdsh reads -w as a host list ('^file', '-host', '/regex/'): checking the name keeps it one host.
+    return ["pdsh", "-S", "-R", "ssh", "-w", check_host(host, "host"), command]
 
 
 def exported_environment(environ: dict[str, str], home: str | None = None, cwd: str | None = None) -> dict[str, str]:
     """What every node gets from here: prefixed variables, then `.dstrain_env` / `.deepspeed_env` lines."""
     env = {k: v for k, v in environ.items() if k.startswith(EXPORT_PREFIXES)}
+    for key in env:
+        if not ENV_NAME.fullmatch(key):
+            raise LaunchError(f"environment variable {key!r} cannot be passed to other nodes: {ENV_NAME_RULE}; "
+                              "unset it or rename it")
     for folder in (home or os.path.expanduser("~"), cwd or os.getcwd()):  # the job's folder wins
         for name in ENV_FILES:
             path = Path(folder) / name
             if path.is_file():
-                for line in path.read_text().splitlines():
-                    line = line.strip()
-                    if line and not line.startswith("#") and "=" in line:
-                        key, value = line.split("=", 1)
-                        env[key.strip()] = value.strip()
+                env.update(read_env_file(path))
+    return env
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    """`KEY=VALUE` lines (`#` comments, blank lines skipped); the value is taken verbatim, spaces inside kept."""
+    env: dict[str, str] = {}
+    for number, raw in enumerate(path.read_text().splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if "=" not in line:
+            raise LaunchError(f"{path}:{number}: {line!r}: expected KEY=VALUE")
+        key, value = (part.strip() for part in line.split("=", 1))
+        if not ENV_NAME.fullmatch(key):
+            raise LaunchError(f"{path}:{number}: {key!r} is not a variable name; {ENV_NAME_RULE}")
+        env[key] = value
     return env
 
 

@@ -7,6 +7,7 @@ that machine runs; `#` starts a comment and blank lines are skipped. A filter is
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from pathlib import Path
 
@@ -15,7 +16,32 @@ from .errors import HostfileError, LaunchError
 Resources = dict[str, list[int]]  # host -> slot ids it runs, in hostfile order
 
 _LINE = re.compile(r"^(?P<host>\S+)\s+slots\s*=\s*(?P<slots>\S+)$")
-_HOST = re.compile(r"^[A-Za-z0-9_.:\[\]-]+$")
+# Host names reach ssh and pdsh as arguments: one starting with '-' would be read as an option
+# (`-Fconfig` runs that config's ProxyCommand), so only real names and addresses pass.
+_LABEL = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")  # '_' is common in cluster names
+_ZONE = re.compile(r"[A-Za-z0-9_.-]+")  # the interface of a link-local IPv6 address, fe80::1%eth0
+HOST_RULE = ("a host name (dot-separated labels of letters, digits, '-' and '_', each at most 63 characters "
+             "and not starting or ending with '-'), an IPv4 address or an IPv6 address without brackets")
+
+
+def is_host(host: str) -> bool:
+    """Whether `host` is a host name, an IPv4 address or an IPv6 address (so never an option)."""
+    if ":" in host:
+        address, _, zone = host.partition("%")
+        try:
+            ipaddress.IPv6Address(address)
+        except ValueError:
+            return False
+        return "%" not in host or bool(_ZONE.fullmatch(zone))
+    name = host[:-1] if host.endswith(".") else host  # a fully qualified name may end with a dot
+    return 0 < len(name) <= 253 and all(_LABEL.fullmatch(label) for label in name.split("."))
+
+
+def check_host(host: str, option: str) -> str:
+    """`host`, or a LaunchError naming `option` when it is not a host name or address."""
+    if not is_host(host):
+        raise LaunchError(f"{option} {host!r}: not a host name or address; expected {HOST_RULE}")
+    return host
 
 
 def parse_hostfile(path: str | Path) -> dict[str, int]:
@@ -38,10 +64,13 @@ def parse_hostfile_text(text: str, source: str = "<hostfile>") -> dict[str, int]
             continue
         where = f"{source}:{number}: {raw.strip()!r}"
         match = _LINE.match(line)
-        if match is None or not _HOST.match(match["host"]):
+        if match is None:
             problems.append(f"{where}: expected 'HOSTNAME slots=N'")
             continue
         host, slots_text = match["host"], match["slots"]
+        if not is_host(host):
+            problems.append(f"{where}: {host!r} is not a host name or address; expected {HOST_RULE}")
+            continue
         try:
             slots = int(slots_text)
         except ValueError:
@@ -69,6 +98,8 @@ def parse_filter(spec: str, hosts: dict[str, int], option: str) -> dict[str, lis
         if not part:
             raise LaunchError(f"{option} {spec!r}: empty host entry (hosts are joined by '@')")
         host, _, slot_text = part.partition(":")
+        if not is_host(host):
+            raise LaunchError(f"{option} {spec!r}: {host!r} is not a host name or address; expected {HOST_RULE}")
         if host not in hosts:
             raise LaunchError(f"{option} {spec!r}: host {host!r} is not in the hostfile "
                               f"(hosts: {', '.join(hosts)})")
