@@ -100,6 +100,9 @@ def lint(session: nox.Session) -> None:
         for dep in _sibling_dependencies(lib)
         if dep not in LAYERS[lib]
     ]
+    listed = (ROOT / "requirements.txt").read_text()
+    bad += [f"requirements.txt (the quick start's install) does not list {_project_dir(lib).relative_to(ROOT)}"
+            for lib in LAYERS if f"./{_project_dir(lib).relative_to(ROOT)}" not in listed]
     if bad:
         session.error("\n".join(bad))
     shared_check = ROOT.parent / "shared" / "tools" / "check_layers.py"
