@@ -2,13 +2,14 @@
 and buffers, and each rank's engine state (step counters, loader position, RNG states), all as
 dsaio files. A save is written to `<tag>.partial` and swapped into place only when every rank has
 written, and `latest` is updated after that, so a crash mid-save leaves the previous checkpoint and
-`latest` as they were.
+`latest` as they were. Every file is listed in a checksummed `manifest.json` (dszero's), checked
+before anything is loaded, and nothing is ever unpickled: client state is refused at save time
+unless dsaio's declared types can hold it.
 """
 
 from __future__ import annotations
 
 import hashlib
-import pickle
 import shutil
 import warnings
 from pathlib import Path
@@ -19,16 +20,22 @@ import torch
 import dsaio
 import dscomm
 import dszero
-from dszero.checkpoint.atomic import swap_into_place, write_text_atomically
+from dszero.checkpoint import (
+    is_shared_file_writer,
+    swap_into_place,
+    verify_manifest,
+    write_manifest,
+    write_text_atomically,
+)
 
 from . import rng
+from .checkpoint_paths import LATEST, check_tag, read_latest, tag_directory
 from .errors import CheckpointLoadError, DstrainError
 from .logs import log_on_rank0
 
 if TYPE_CHECKING:
     from .engine import DeepSpeedEngine
 
-LATEST = "latest"
 ZERO_DIR = "zero"
 MODEL_FILE = "model_states.safetensors"
 COMMON_FILE = "engine_common.safetensors"  # scheduler and client state, written once
@@ -41,13 +48,21 @@ def engine_file(rank: int) -> str:
 # ---------------------------------------------------------------------------------------------- save
 def save_checkpoint(engine: DeepSpeedEngine, save_dir, tag: Any, client_state: dict, save_latest: bool) -> bool:
     engine._require_optimizer("save_checkpoint")
-    tag = str(tag) if tag is not None else f"global_step{engine.global_steps}"
+    # Everything a save can refuse is refused here, on every rank, before any rank writes or waits.
+    tag = check_tag(str(tag) if tag is not None else f"global_step{engine.global_steps}")
+    common = {"lr_scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler is not None else None,
+              "client_state": client_state, "dp_world_size": engine.dp_world_size,
+              "zero_stage": engine.zero_optimization_stage(), "global_steps": engine.global_steps}
+    _check_storable(common)
     tag = _validate_tag(engine, tag)
     root = Path(save_dir)
     final = root / tag
     partial = root / f"{tag}.partial"
+    if final.is_dir() and any(final.iterdir()) and not (final / COMMON_FILE).is_file():
+        raise DstrainError(f"{final} exists and is not a dstrain checkpoint ({COMMON_FILE} missing); a save replaces "
+                           f"its tag's directory, so it refuses to replace this one: choose another tag")
     group = engine.data_parallel_group
-    writer = _is_writer(engine)
+    writer = is_shared_file_writer(root, group, engine._config.checkpoint.use_node_local_storage)
     if writer:
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
@@ -57,12 +72,10 @@ def save_checkpoint(engine: DeepSpeedEngine, save_dir, tag: Any, client_state: d
     dsaio.save_state_dict(_rank_state(engine), partial / engine_file(dp_rank))
     if writer:
         dsaio.save_state_dict(_module_state(engine), partial / MODEL_FILE)
-        common = {"lr_scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler is not None else None,
-                  "client_state": client_state, "dp_world_size": engine.dp_world_size,
-                  "zero_stage": engine.zero_optimization_stage(), "global_steps": engine.global_steps}
-        _save_mixed(common, partial / COMMON_FILE)
+        dsaio.save_state_dict(common, partial / COMMON_FILE)
     dscomm.barrier(group=group)
     if writer:
+        write_manifest(partial)
         swap_into_place(partial, final)
         if save_latest:
             write_text_atomically(root / LATEST, tag)
@@ -71,11 +84,12 @@ def save_checkpoint(engine: DeepSpeedEngine, save_dir, tag: Any, client_state: d
     return True
 
 
-def _is_writer(engine: DeepSpeedEngine) -> bool:
-    # With node-local storage every node keeps its own copy of the files all ranks share.
-    if engine._config.checkpoint.use_node_local_storage:
-        return engine.local_rank == 0
-    return torch.distributed.get_rank(engine.data_parallel_group) == 0
+def _check_storable(common: dict) -> None:
+    # client_state and the scheduler's state_dict are the caller's objects: only declared types are stored.
+    try:
+        dsaio.check_state_dict(common)
+    except TypeError as exc:
+        raise DstrainError(f"save_checkpoint: {exc}; nothing was saved") from None
 
 
 def _validate_tag(engine: DeepSpeedEngine, tag: str) -> str:
@@ -132,19 +146,12 @@ def _module_state(engine: DeepSpeedEngine) -> dict[str, torch.Tensor]:
     return {k: v.detach().contiguous() for k, v in state.items()}
 
 
-def _save_mixed(obj: dict, path: Path) -> None:
-    """Plain data as a dsaio state file; pickled when it holds objects of the caller's own classes."""
-    try:
-        dsaio.save_state_dict({"plain": obj}, path)
-    except TypeError:
-        dsaio.save_state_dict({"pickled": torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)}, path)
-
-
-def _load_mixed(path: Path) -> dict:
-    stored = dsaio.load_state_dict(path)
-    if "plain" in stored:
-        return stored["plain"]
-    return pickle.loads(stored["pickled"].numpy().tobytes())
+def _load_common(path: Path) -> dict:
+    common = dsaio.load_state_dict(path)
+    expected = {"lr_scheduler", "client_state", "dp_world_size", "zero_stage", "global_steps"}
+    if not isinstance(common, dict) or not expected <= set(common):
+        raise CheckpointLoadError(f"{path}: not a dstrain engine file (expected the keys {sorted(expected)})")
+    return common
 
 
 # ---------------------------------------------------------------------------------------------- load
@@ -153,14 +160,19 @@ def load_checkpoint(engine: DeepSpeedEngine, load_dir, tag: Any, *, load_module_
                     load_module_only: bool) -> tuple[str | None, Any]:
     root = Path(load_dir)
     if tag is None:
-        latest = root / LATEST
-        if not latest.is_file():
+        tag = read_latest(root)
+        if tag is None:
             warnings.warn(f"no '{LATEST}' file in {root}: nothing loaded (pass tag= to load a given checkpoint)",
                           stacklevel=3)
             return None, None
-        tag = latest.read_text().strip()
-    path = _checkpoint_path(root, str(tag))
-    common = _load_mixed(path / COMMON_FILE)
+    else:
+        tag = _checked_load_tag(str(tag))
+    path = _checkpoint_path(root, tag)
+    try:
+        verify_manifest(path)
+    except dszero.CheckpointError as exc:
+        raise CheckpointLoadError(f"cannot load checkpoint: {exc}") from None
+    common = _load_common(path / COMMON_FILE)
     _load_module(engine, path, load_module_strict)
     if load_module_only or engine.optimizer is None:
         if engine.optimizer is not None:
@@ -176,11 +188,18 @@ def load_checkpoint(engine: DeepSpeedEngine, load_dir, tag: Any, *, load_module_
     return str(path), common["client_state"]
 
 
+def _checked_load_tag(tag: str) -> str:
+    try:
+        return check_tag(tag)
+    except DstrainError as exc:
+        raise CheckpointLoadError(str(exc)) from None
+
+
 def _checkpoint_path(root: Path, tag: str) -> Path:
-    path = root / tag
+    path = tag_directory(root, tag)
     if (path / COMMON_FILE).is_file():
         return path
-    old = root / f"{tag}.old"
+    old = tag_directory(root, f"{tag}.old")
     if (old / COMMON_FILE).is_file():  # a re-save of this tag was interrupted mid-swap
         return old
     tags = sorted(p.name for p in root.iterdir() if (p / COMMON_FILE).is_file()) if root.is_dir() else []
