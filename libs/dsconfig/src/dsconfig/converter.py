@@ -16,6 +16,7 @@ import cattrs
 from cattrs.errors import AttributeValidationNote, ClassValidationError, ForbiddenExtraKeysError
 
 from .errors import Problem
+from .limits import INT64_MAX, INT64_MIN
 
 
 class BadValue(Exception):
@@ -59,12 +60,14 @@ def _structure_bool(value: Any, _: type) -> bool:
 def _structure_int(value: Any, _: type) -> int:
     if isinstance(value, bool):
         raise BadValue("must be an integer, not a boolean", value)
-    if isinstance(value, int):
-        return value
     if isinstance(value, float):
-        if math.isfinite(value) and value.is_integer():
-            return int(value)  # byte and element counts are often written 5e8
-        raise BadValue("must be an integer (a whole number)", value)
+        if not (math.isfinite(value) and value.is_integer()):
+            raise BadValue("must be an integer (a whole number)", value)
+        value = int(value)  # byte and element counts are often written 5e8
+    if isinstance(value, int):
+        if not INT64_MIN <= value <= INT64_MAX:  # 1e300 is integral; no count or size is that large
+            raise BadValue(f"is out of range; integers must fit in 64 bits ({INT64_MIN} .. {INT64_MAX})", value)
+        return value
     if isinstance(value, str) and value.strip().lstrip("-").isdigit():
         raise BadValue(f"must be a number, not a string; write {value.strip()} without quotes", value)
     raise BadValue(f"must be an integer, not {_json_type(value)}{_looks_like_search_space(value)}", value)

@@ -1,7 +1,8 @@
 """Reading a config source: a JSON file, a dict, or base64-encoded JSON (as DeepSpeed's launcher passes it).
 
 Strict JSON only, with errors that say what is wrong in terms people use: duplicate keys with
-both line numbers, // comments, trailing commas, and unfilled template placeholders.
+both line numbers, // comments, trailing commas, and unfilled template placeholders. Size, depth,
+number and key limits (limits.py) are checked before and while parsing, so hostile input fails fast.
 """
 
 from __future__ import annotations
@@ -16,21 +17,35 @@ from json.scanner import py_make_scanner  # type: ignore[attr-defined]
 from typing import Any
 
 from .errors import ConfigError, Problem
+from .limits import (
+    JSON_TOKEN,
+    MAX_TEXT_BYTES,
+    nesting_problem,
+    parse_constant,
+    parse_float,
+    parse_int,
+    shape_problems,
+    text_size_problem,
+)
+
+# A base64 source is 4/3 the size of the JSON it holds.
+_MAX_SOURCE_CHARS = MAX_TEXT_BYTES * 4 // 3 + 4
+_NUMBER_HOOKS = {"parse_int": parse_int, "parse_float": parse_float, "parse_constant": parse_constant}
 
 
 def read_source(source: Any) -> tuple[dict, str | None]:
     """(raw config dict, a name for messages) from a path, a dict or a base64 string."""
     if isinstance(source, dict):
+        problems = shape_problems(source)
+        if problems:
+            raise ConfigError(problems)
         return source, None
     if isinstance(source, (str, os.PathLike)):
         text_source = os.fspath(source)
+        if isinstance(text_source, str) and len(text_source) > _MAX_SOURCE_CHARS:
+            raise ConfigError(text_size_problem(len(text_source), "characters", _MAX_SOURCE_CHARS))
         if os.path.isfile(text_source):
-            try:
-                with open(text_source, encoding="utf-8") as handle:
-                    text = handle.read()
-            except (OSError, UnicodeDecodeError) as exc:
-                raise ConfigError(f"cannot read {text_source}: {exc}", source=text_source) from None
-            return parse_json(text, text_source), text_source
+            return parse_json(_read_file(text_source), text_source), text_source
         if isinstance(source, str):
             decoded = _maybe_base64(source)
             if decoded is not None:
@@ -40,6 +55,17 @@ def read_source(source: Any) -> tuple[dict, str | None]:
         raise ConfigError(f"no such config file: {text_source} (a path to a JSON file, a dict, or base64-encoded "
                           f"JSON is expected)", source=text_source)
     raise ConfigError(f"a config is a path, a dict or a base64 string, not {type(source).__name__}")
+
+
+def _read_file(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            too_big = text_size_problem(os.fstat(handle.fileno()).st_size)
+            if too_big is not None:
+                raise ConfigError(too_big, source=path)
+            return handle.read(MAX_TEXT_BYTES + 1)  # bounded even if the file grows meanwhile
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read {path}: {exc}", source=path) from None
 
 
 def _maybe_base64(text: str) -> str | None:
@@ -55,14 +81,24 @@ def _maybe_base64(text: str) -> str | None:
 
 
 def parse_json(text: str, name: str) -> dict:
+    # Limits first: the parsers recurse per nesting level and int() is quadratic in digits.
+    too_big = text_size_problem(len(text), "characters")
+    too_deep = nesting_problem(text) if too_big is None else None
+    if too_big or too_deep:
+        raise ConfigError(too_big or too_deep, source=name)
+    repeated: list[bool] = []
     try:
-        # The C parser first; only a file with a repeated key pays for the slower one that finds lines.
-        data = json.loads(text, object_pairs_hook=_refuse_duplicates)
-    except _DuplicateKey:
-        data = None
+        # The C parser first; only a file with a repeated key pays for the slower one that finds lines,
+        # and only once the value limits hold (it is pure Python).
+        data = json.loads(text, object_pairs_hook=lambda pairs: _note_repeats(pairs, repeated), **_NUMBER_HOOKS)
     except json.JSONDecodeError as exc:
         raise ConfigError(Problem("", _explain_json_error(text, exc)), source=name) from None
-    if data is not None:
+    except RecursionError:  # pragma: no cover - nesting_problem refuses such text first
+        raise ConfigError(Problem("", "nests too deeply to parse"), source=name) from None
+    problems = shape_problems(data)
+    if problems:
+        raise ConfigError(problems, source=name)
+    if not repeated:
         return _require_object(data, name)
     try:
         data = _DuplicateRefusingDecoder().decode(text)
@@ -75,10 +111,10 @@ def parse_json(text: str, name: str) -> dict:
     return _require_object(data, name)
 
 
-def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict:
+def _note_repeats(pairs: list[tuple[str, Any]], repeated: list[bool]) -> dict:
     result = dict(pairs)
     if len(result) != len(pairs):
-        raise _DuplicateKey("", 0, 0)
+        repeated.append(True)
     return result
 
 
@@ -121,7 +157,7 @@ class _DuplicateRefusingDecoder(json.JSONDecoder):
     """A JSONDecoder whose objects refuse repeated keys, reporting both lines and the dotted path."""
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__(**_NUMBER_HOOKS)
         self._text = ""
         self.parse_object = self._parse_object
         self.scan_once = py_make_scanner(self)
@@ -144,23 +180,17 @@ class _DuplicateRefusingDecoder(json.JSONDecoder):
 
 def _key_lines(text: str, start: int, end: int, key: str) -> tuple[int, int]:
     """Lines of the first two occurrences of `key` as a key directly inside the object text[start:end]."""
-    lines, depth, pos = [], 0, start
-    needle = json.dumps(key)
-    while pos < end and len(lines) < 2:
-        char = text[pos]
-        if char == '"':
-            close = pos + 1
-            while close < end and text[close] != '"':
-                close += 2 if text[close] == "\\" else 1
-            if depth == 0 and text[pos:close + 1] == needle and re.match(r"\s*:", text[close + 1:]):
-                lines.append(text.count("\n", 0, pos) + 1)
-            pos = close + 1
-            continue
-        if char in "{[":
+    lines, depth = [], 0
+    for match in JSON_TOKEN.finditer(text, start, end):  # whole strings and brackets: linear in the text
+        string, colon, opener, closer, _ = match.groups()
+        if opener:
             depth += 1
-        elif char in "}]":
+        elif closer:
             depth -= 1
-        pos += 1
+        elif string and colon and depth == 0 and json.loads(string) == key:
+            lines.append(text.count("\n", 0, match.start()) + 1)
+            if len(lines) == 2:
+                break
     while len(lines) < 2:
         lines.append(0)
     return lines[0], lines[1]
