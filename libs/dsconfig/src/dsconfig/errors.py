@@ -7,6 +7,9 @@ from typing import Any
 import attrs
 
 _NO_VALUE = object()
+# A message lists this many problems (or warned-about keys) and counts the rest: a hostile file
+# with thousands of unknown keys must not produce a megabyte of text.
+LISTED = 30
 
 
 @attrs.frozen
@@ -49,7 +52,16 @@ class ConfigError(ValueError):
         origin = f" in {self.source}" if self.source else ""
         count = len(self.problems)
         head = f"{count} problem{'s' if count != 1 else ''} in the DeepSpeed config{origin}:"
-        return "\n".join([head, *(f"  - {p}" for p in self.problems)])
+        lines = [head, *(f"  - {p}" for p in self.problems[:LISTED])]
+        if count > LISTED:
+            lines.append(f"  ... and {count - LISTED} more")
+        return "\n".join(lines)
+
+
+def listing(entries: list[str]) -> str:
+    """`entries` joined with "; ", the first LISTED of them, then how many more there are."""
+    shown = "; ".join(entries[:LISTED])
+    return shown if len(entries) <= LISTED else f"{shown}; and {len(entries) - LISTED} more"
 
 
 class ConfigWarning(UserWarning):

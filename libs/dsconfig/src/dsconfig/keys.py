@@ -22,7 +22,7 @@ from typing import Any, Literal, Union
 
 import attrs
 
-from .errors import Problem
+from .errors import LISTED, Problem
 
 Kind = Literal["renamed", "alias", "migrated", "inert", "unsupported"]
 
@@ -183,7 +183,9 @@ def clean_keys(raw: dict, cls: type, path: str, report: KeyReport) -> dict:
         value = section.pop(key)
         if known is None:
             if not key.startswith("_"):  # "_comment"-style keys are comments
-                report.unknown.append(f"{where}{_suggestion(key, fields, path)}")
+                # Suggestions (difflib) only for the keys a message lists: linear time for any number of keys.
+                hint = _suggestion(key, fields, path) if len(report.unknown) < LISTED else ""
+                report.unknown.append(f"{where}{hint}")
             continue
         if known.kind in ("renamed", "alias"):
             if known.new_key in section and section[known.new_key] != value:

@@ -14,7 +14,7 @@ import attrs
 from .batch import resolve_batch_triple
 from .config import BATCH_KEYS, DeepSpeedConfig
 from .converter import CONVERTER, problems_from
-from .errors import ConfigError, ConfigWarning, Problem
+from .errors import ConfigError, ConfigWarning, Problem, listing
 from .fields import AUTO, info
 from .jsonio import read_source
 from .keys import KeyReport, clean_keys, nested_class
@@ -22,11 +22,14 @@ from .params import (
     DEEPSPEED_ONLY_OPTIMIZERS,
     DSTRAIN_OPTIMIZERS,
     DSTRAIN_SCHEDULERS,
+    OPTIMIZER_BOUNDS,
     OPTIMIZER_PARAMS,
+    PARAM_BOUNDS,
     SCHEDULER_PARAMS,
     TORCH_OPTIMIZERS,
     TORCH_SCHEDULERS,
     canonical_name,
+    check_bounds,
     check_params,
 )
 from .rules import check_rules
@@ -101,16 +104,16 @@ def _apply_rules(cfg: DeepSpeedConfig, strict: bool) -> DeepSpeedConfig:
             cfg = finding.neutralize(cfg)
     if notes:
         warnings.warn(ConfigWarning("settings with no effect where they are written (ignored): "
-                                    + "; ".join(str(f.problem) for f in notes)), stacklevel=4)
+                                    + listing([str(f.problem) for f in notes])), stacklevel=4)
     return cfg
 
 
 def _report_keys(report: KeyReport, strict: bool, problems: list[Problem]) -> None:
     if report.renamed:
         warnings.warn(ConfigWarning("old key names, read as their current names (update the config): "
-                                    + "; ".join(report.renamed)), stacklevel=4)
+                                    + listing(report.renamed)), stacklevel=4)
     if report.inert:
-        warnings.warn(ConfigWarning("keys that have no effect in dstrain (ignored): " + "; ".join(report.inert)),
+        warnings.warn(ConfigWarning("keys that have no effect in dstrain (ignored): " + listing(report.inert)),
                       stacklevel=4)
     if strict:
         problems += [Problem(_path_of(entry), f"is not supported by dstrain{_reason_of(entry)}; remove it, "
@@ -122,9 +125,9 @@ def _report_keys(report: KeyReport, strict: bool, problems: list[Problem]) -> No
         return
     if report.unsupported:
         warnings.warn(ConfigWarning("DeepSpeed features dstrain does not implement (ignored): "
-                                    + "; ".join(report.unsupported)), stacklevel=4)
+                                    + listing(report.unsupported)), stacklevel=4)
     if report.unknown:
-        warnings.warn(ConfigWarning("unknown keys (ignored): " + "; ".join(report.unknown)), stacklevel=4)
+        warnings.warn(ConfigWarning("unknown keys (ignored): " + listing(report.unknown)), stacklevel=4)
 
 
 def _path_of(entry: str) -> str:
@@ -168,7 +171,9 @@ def _check_names_and_params(cleaned: dict, report: KeyReport) -> list[Problem]:
         section["type"] = canonical
         params = section.get("params")
         if canonical in tables and isinstance(params, dict):
-            problems += check_params(f"{key}.params", params, tables[canonical], report.unknown)
+            problems += check_params(f"{key}.params", params, tables[canonical], report.unknown, PARAM_BOUNDS[key])
+        elif key == "optimizer" and isinstance(params, dict):  # a torch optimizer: the ranges torch checks too
+            problems += check_bounds(f"{key}.params", params, OPTIMIZER_BOUNDS)
     return problems
 
 

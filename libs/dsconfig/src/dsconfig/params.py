@@ -7,10 +7,10 @@ key by key (a typo in `warmup_num_steps` would otherwise be a TypeError deep in 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from .converter import CONVERTER, BadValue, problems_from
-from .errors import Problem
+from .errors import LISTED, Problem
 from .fields import Auto
 
 # Built by dstrain itself.
@@ -59,6 +59,47 @@ SCHEDULER_PARAMS: dict[str, dict[str, Any]] = {
 _CHOICES = {"warmup_type": ("log", "linear"), "ns_method": ("gram", "standard")}
 
 
+class Bound(NamedTuple):
+    """The valid range of a numeric param: low (inclusive unless low_open), high (exclusive if high_open)."""
+
+    low: float
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+
+    def holds(self, value: float) -> bool:
+        above = value > self.low if self.low_open else value >= self.low
+        below = self.high is None or (value < self.high if self.high_open else value <= self.high)
+        return above and below
+
+    def __str__(self) -> str:
+        if self.high is None:
+            return f"{'>' if self.low_open else '>='} {self.low:g}"
+        return f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
+
+
+_AT_LEAST_0, _AT_LEAST_1, _ABOVE_0 = Bound(0), Bound(1), Bound(0, low_open=True)
+_DECAY = Bound(0, 1, high_open=True)  # betas and momenta: 1 would never forget, above 1 diverges
+_FRACTION = Bound(0, 1)
+# Ranges every torch optimizer checks too (torch raises ValueError at construction, deep in initialize());
+# eps > 0 and momentum < 1 are stricter than torch: eps 0 divides by zero, momentum 1 never decays.
+OPTIMIZER_BOUNDS: dict[str, Bound] = {"lr": _AT_LEAST_0, "eps": _ABOVE_0, "weight_decay": _AT_LEAST_0,
+                                      "betas": _DECAY, "momentum": _DECAY}
+_OWN_OPTIMIZER_BOUNDS: dict[str, Bound] = {
+    **OPTIMIZER_BOUNDS, "muon_lr": _AT_LEAST_0, "adam_lr": _AT_LEAST_0, "ns_steps": _AT_LEAST_1,
+    "max_grad_norm": _AT_LEAST_0, "max_coeff": _AT_LEAST_0, "min_coeff": _AT_LEAST_0}
+SCHEDULER_BOUNDS: dict[str, Bound] = {
+    "warmup_min_lr": _AT_LEAST_0, "warmup_max_lr": _AT_LEAST_0, "warmup_num_steps": _AT_LEAST_0,
+    "total_num_steps": _AT_LEAST_1, "warmup_min_ratio": _FRACTION, "cos_min_ratio": _FRACTION,
+    "last_batch_iteration": Bound(-1), "cycle_min_lr": _AT_LEAST_0, "cycle_max_lr": _AT_LEAST_0,
+    "decay_lr_rate": _AT_LEAST_0, "cycle_first_step_size": _AT_LEAST_1, "cycle_second_step_size": _AT_LEAST_1,
+    "cycle_first_stair_count": _AT_LEAST_0, "cycle_second_stair_count": _AT_LEAST_0,
+    "decay_step_size": _AT_LEAST_0, "cycle_min_mom": _DECAY, "cycle_max_mom": _DECAY,
+    "decay_mom_rate": _AT_LEAST_0, "lr_range_test_min_lr": _AT_LEAST_0, "lr_range_test_step_size": _AT_LEAST_1,
+    "lr_range_test_step_rate": _AT_LEAST_0}
+PARAM_BOUNDS = {"optimizer": _OWN_OPTIMIZER_BOUNDS, "scheduler": SCHEDULER_BOUNDS}
+
+
 def canonical_name(name: str, *groups: tuple[str, ...]) -> str | None:
     lowered = name.strip().lower()
     for group in groups:
@@ -68,15 +109,17 @@ def canonical_name(name: str, *groups: tuple[str, ...]) -> str | None:
     return None
 
 
-def check_params(path: str, params: dict, table: dict[str, Any], unknown: list[str]) -> list[Problem]:
-    """Type-check known params; unknown names go to `unknown` (warning or error, by strictness)."""
+def check_params(path: str, params: dict, table: dict[str, Any], unknown: list[str],
+                 bounds: dict[str, Bound]) -> list[Problem]:
+    """Type- and range-check known params; unknown names go to `unknown` (warning or error, by strictness)."""
     import difflib
 
     problems = []
     for key, value in params.items():
         where = f"{path}.{key}"
         if key not in table:
-            close = difflib.get_close_matches(key, list(table), n=1, cutoff=0.7)
+            listed = len(unknown) < LISTED  # suggestions only for the keys a message lists
+            close = difflib.get_close_matches(key, list(table), n=1, cutoff=0.7) if listed else []
             unknown.append(where + (f" (did you mean '{close[0]}'?)" if close else ""))
             continue
         try:
@@ -88,4 +131,16 @@ def check_params(path: str, params: dict, table: dict[str, Any], unknown: list[s
             problems.append(Problem(where, f"must be one of {', '.join(map(repr, _CHOICES[key]))}", value))
         if key == "betas" and isinstance(value, list) and len(value) != 2:
             problems.append(Problem(where, "must be a list of two numbers [beta1, beta2]", value))
+    return problems + check_bounds(path, {key: params[key] for key in params if key in table}, bounds)
+
+
+def check_bounds(path: str, params: dict, bounds: dict[str, Bound]) -> list[Problem]:
+    """Numbers out of their key's range; a list (betas) is checked item by item. Other values are skipped."""
+    problems = []
+    for key, bound in bounds.items():
+        value = params.get(key)
+        items = [(f"[{index}]", item) for index, item in enumerate(value)] if isinstance(value, list) else [("", value)]
+        for suffix, item in items:
+            if isinstance(item, (int, float)) and not isinstance(item, bool) and not bound.holds(item):
+                problems.append(Problem(f"{path}.{key}{suffix}", f"must be {bound}", item))
     return problems

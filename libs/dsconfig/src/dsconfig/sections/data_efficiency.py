@@ -83,6 +83,6 @@ class DataSamplingConfig:
 @attrs.frozen
 class DataEfficiencyConfig:
     enabled: bool = setting(False, "Enable the data efficiency library.")
-    seed: int = setting(1234, "Random seed of data sampling.")
+    seed: int = setting(1234, "Random seed of data sampling.", ge=0)  # numpy refuses negative seeds
     data_routing: DataRoutingConfig = section(DataRoutingConfig, "Data routing (random-LTD).")
     data_sampling: DataSamplingConfig = section(DataSamplingConfig, "Data sampling (curriculum learning).")
