@@ -9,23 +9,13 @@ from __future__ import annotations
 import itertools
 import math
 from collections import namedtuple
-from typing import Any
 
 from .errors import CommError
+from .tags import EXPERT_GROUP_NAME_KEY, EXPERT_PARAM_GROUP_TAG, expert_group_name, is_expert_param_group
 
-# Parameter groups of expert (MoE) parameters carry these keys, so ZeRO can reduce them over the
-# expert-data-parallel group without importing the MoE library.
-EXPERT_PARAM_GROUP_TAG = "moe"
-EXPERT_GROUP_NAME_KEY = "name"
-
-
-def expert_group_name(ep_size: int) -> str:
-    """DeepSpeed's name for the expert-parallel group of size `ep_size`."""
-    return f"ep_size_{ep_size}"
-
-
-def is_expert_param_group(param_group: dict[str, Any]) -> bool:
-    return bool(param_group.get(EXPERT_PARAM_GROUP_TAG, False))
+# Re-exported: the expert tags were defined here before tags.py held every parameter mark.
+__all__ = ["EXPERT_GROUP_NAME_KEY", "EXPERT_PARAM_GROUP_TAG", "PipeDataParallelTopology",
+           "PipeModelDataParallelTopology", "ProcessTopology", "expert_group_name", "is_expert_param_group"]
 
 
 class ProcessTopology:
