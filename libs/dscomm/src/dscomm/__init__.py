@@ -1,9 +1,11 @@
-"""dscomm: torch.distributed with topologies, cached process groups, portable collectives and comms logging.
+"""dscomm: torch.distributed with a parallel layout and its groups, portable collectives and comms logging.
 
     import dscomm
     dscomm.init_distributed()                 # torchrun's environment, or a world of one
     dscomm.all_reduce(tensor)                 # torch.distributed's signature, plus log_name / prof
     dscomm.configure(enabled=True); ...; dscomm.log_summary()
+    groups = dscomm.ParallelDims(dscomm.get_world_size(), pipe=2).build()   # collective
+    dscomm.all_reduce(tensor, group=groups.data)
 """
 
 from . import groups
@@ -38,22 +40,32 @@ from .collectives import (
     send,
 )
 from .config_api import comms_logger_settings, configure, reset_comms_log
+from .dims import GROUP_NAMES, ParallelCoord, ParallelDims
 from .errors import CommError
+from .parallel_groups import ParallelGroups
 from .summary import get_comms_log, log_summary
-from .topology import (
+from .tags import (
     EXPERT_PARAM_GROUP_TAG,
-    PipeDataParallelTopology,
-    PipeModelDataParallelTopology,
-    ProcessTopology,
+    PIPELINE_TIED_ATTR,
+    TENSOR_PARALLEL_ATTR,
     expert_group_name,
     is_expert_param_group,
+    is_tensor_parallel,
+    pipeline_tied_copies,
 )
+from .topology import PipeDataParallelTopology, PipeModelDataParallelTopology, ProcessTopology
 
 __all__ = [
     "EXPERT_PARAM_GROUP_TAG",
+    "GROUP_NAMES",
+    "PIPELINE_TIED_ATTR",
+    "TENSOR_PARALLEL_ATTR",
     "CommError",
     "CommHandle",
     "P2POp",
+    "ParallelCoord",
+    "ParallelDims",
+    "ParallelGroups",
     "PipeDataParallelTopology",
     "PipeModelDataParallelTopology",
     "ProcessTopology",
@@ -82,8 +94,10 @@ __all__ = [
     "irecv",
     "is_expert_param_group",
     "is_initialized",
+    "is_tensor_parallel",
     "isend",
     "log_summary",
+    "pipeline_tied_copies",
     "recv",
     "reduce",
     "reduce_scatter_tensor",

@@ -1,8 +1,15 @@
-"""The process groups of a parallel topology, created once and cached.
+"""DeepSpeed's group getters, answered from the ParallelGroups the facade registered with `use()`.
 
-Creating a group is collective: every rank calls `torch.distributed.new_group` for every group, in
-the same order, including the groups it is not part of. So `initialize()` and the first call of an
-expert getter for a given ep_size must be made on every rank, in the same order.
+Libraries take their groups as arguments; these getters exist for code written against
+`deepspeed.utils.groups`. With no layout registered they answer for a world that is all data
+parallel, and they register nothing: a later `use()` of any layout takes effect.
+
+    groups = dscomm.ParallelDims(world, pipe=2).build()   # collective
+    dscomm.groups.use(groups)
+    dscomm.groups.get_data_parallel_group()               # groups.data
+
+Expert groups of an `ep_size` other than the registered layout's are created collectively on their
+first getter call, over the current data groups, and forgotten when another layout is registered.
 """
 
 from __future__ import annotations
@@ -11,9 +18,12 @@ from typing import Any
 
 import torch.distributed as dist
 
-from .backend import get_world_size, is_initialized
+from .backend import is_initialized
+from .dims import ParallelDims
 from .errors import CommError
-from .topology import ProcessTopology, expert_group_name
+from .parallel_groups import ParallelGroups, forget_self_group, new_group, self_group
+from .tags import expert_group_name
+from .topology import ProcessTopology
 
 DATA, PIPE, MODEL = "data", "pipe", "model"
 
@@ -23,111 +33,126 @@ class _Registry:
         self.reset()
 
     def reset(self) -> None:
-        self.topology: ProcessTopology | None = None
-        self.axis_groups: dict[str, tuple[Any, list[int]]] = {}       # axis -> (this rank's group, its ranks)
-        self.expert_groups: dict[int, tuple[Any, list[int], Any, list[int]]] = {}  # ep_size -> EP, EDP
+        self.groups: ParallelGroups | None = None
+        # ep_size -> (expert group, its ranks, expert-data group, its ranks), for the current layout
+        self.expert_groups: dict[int, tuple[Any, list[int], Any, list[int]]] = {}
 
 
 _REGISTRY = _Registry()
 
 
-def _new_group(ranks: list[int]) -> Any:
-    if len(ranks) == dist.get_world_size():
-        return dist.group.WORLD
-    return dist.new_group(ranks)
+def use(groups: ParallelGroups) -> None:
+    """Make `groups` the layout the getters answer for (replacing any registered before)."""
+    if not isinstance(groups, ParallelGroups):
+        raise CommError(f"dscomm.groups.use takes the ParallelGroups of ParallelDims(...).build(), got "
+                        f"{type(groups).__name__}")
+    _require_world()
+    if groups.dims.world_size != dist.get_world_size() or groups.global_rank != dist.get_rank():
+        raise CommError(f"dscomm.groups.use: {groups!r} was built for another world (this is rank "
+                        f"{dist.get_rank()} of {dist.get_world_size()})")
+    _REGISTRY.reset()
+    _REGISTRY.groups = groups
 
 
-def initialize(topology: ProcessTopology | None = None) -> ProcessTopology:
-    """Create the data / pipeline / tensor groups of `topology` (default: data parallel over the world).
-
-    Collective. Calling it again with the same topology is harmless; with another one, it is an
-    error (call `reset()` first).
-    """
-    if not is_initialized():
-        raise CommError("dscomm.groups.initialize: torch.distributed is not initialised; call "
-                        "dscomm.init_distributed() first")
-    world = dist.get_world_size()
-    topology = topology or ProcessTopology(axes=[DATA], dims=[world])
-    if _REGISTRY.topology is not None:
-        if _REGISTRY.topology == topology:
-            return _REGISTRY.topology
-        raise CommError(f"groups already initialised for {_REGISTRY.topology}; call dscomm.groups.reset() before "
-                        f"switching to {topology}")
-    if topology.world_size() != world:
-        factors = " x ".join(f"{axis} {dim}" for axis, dim in zip(topology.axes, topology.dims))
-        raise CommError(f"topology {factors} = {topology.world_size()} ranks, but the world has {world}")
-    me = dist.get_rank()
-    for axis in (PIPE, DATA, MODEL, *[a for a in topology.axes if a not in (PIPE, DATA, MODEL)]):
-        # An axis the topology lacks has size 1: every rank is its own group.
-        lists = topology.get_axis_comm_lists(axis) or [[r] for r in range(world)]
-        for ranks in lists:
-            group = _new_group(ranks)
-            if me in ranks:
-                _REGISTRY.axis_groups[axis] = (group, ranks)
-    _REGISTRY.topology = topology
-    return topology
+def current() -> ParallelGroups | None:
+    """The registered layout's groups, or None when none is registered."""
+    return _REGISTRY.groups
 
 
 def reset() -> None:
-    """Forget the cached groups (the process groups themselves go with destroy_process_group)."""
+    """Forget the registered layout and cached groups (the process groups go with destroy_process_group)."""
     _REGISTRY.reset()
+    forget_self_group()
 
 
-def _ensure() -> None:
-    if _REGISTRY.topology is None:
-        initialize()
+def initialize(topology: ProcessTopology | None = None) -> ProcessTopology:
+    """Build the groups of a DeepSpeed `topology` (default: data parallel over the world) and `use()` them.
+
+    Collective. Calling it again with the same topology is harmless; with another one it is an error
+    (a second, different layout is registered with `use()`).
+    """
+    _require_world()
+    world = dist.get_world_size()
+    topology = topology or ProcessTopology(axes=[DATA], dims=[world])
+    registered = _REGISTRY.groups
+    if registered is not None:
+        if registered.dims == ParallelDims.from_topology(topology, expert=registered.dims.expert):
+            return registered.topology
+        raise CommError(f"groups already initialised for {registered.topology}; register another layout with "
+                        f"dscomm.groups.use(ParallelDims(...).build()) instead of switching to {topology}")
+    if topology.world_size() != world:
+        factors = " x ".join(f"{axis} {dim}" for axis, dim in zip(topology.axes, topology.dims))
+        raise CommError(f"topology {factors} = {topology.world_size()} ranks, but the world has {world}")
+    groups = ParallelDims.from_topology(topology).build()
+    use(groups)
+    groups._topology = topology  # initialize() hands back the caller's own topology
+    return topology
 
 
 def get_topology() -> ProcessTopology:
-    _ensure()
-    return _REGISTRY.topology  # type: ignore[return-value]
+    if _REGISTRY.groups is not None:
+        return _REGISTRY.groups.topology
+    _require_world()
+    return ProcessTopology(axes=[DATA], dims=[dist.get_world_size()])
 
 
-def _axis(axis: str) -> tuple[Any, list[int]]:
-    _ensure()
-    return _REGISTRY.axis_groups[axis]
+def _require_world() -> None:
+    if not is_initialized():
+        raise CommError("dscomm.groups: torch.distributed is not initialised; call dscomm.init_distributed() "
+                        "first")
+
+
+def _axis(name: str) -> tuple[Any, int, int]:
+    """(this rank's group `name`, its size, this rank's index in it)."""
+    groups = _REGISTRY.groups
+    if groups is not None:
+        return groups.group(name), groups.size(name), groups.rank_in(name)
+    _require_world()
+    if name == "data":  # all data parallel: the whole world
+        return dist.group.WORLD, dist.get_world_size(), dist.get_rank()
+    return self_group(), 1, 0
 
 
 def get_data_parallel_group() -> Any:
-    return _axis(DATA)[0]
+    return _axis("data")[0]
 
 
 def get_pipeline_parallel_group() -> Any:
-    return _axis(PIPE)[0]
+    return _axis("pipe")[0]
 
 
 def get_tensor_parallel_group() -> Any:
-    return _axis(MODEL)[0]
+    return _axis("tensor")[0]
 
 
-get_model_parallel_group = get_tensor_parallel_group
+get_model_parallel_group = get_tensor_parallel_group  # DeepSpeed's "model parallel" is tensor parallel
 
 
 def get_data_parallel_world_size() -> int:
-    return len(_axis(DATA)[1])
+    return _axis("data")[1]
 
 
 def get_pipeline_parallel_world_size() -> int:
-    return len(_axis(PIPE)[1])
+    return _axis("pipe")[1]
 
 
 def get_tensor_parallel_world_size() -> int:
-    return len(_axis(MODEL)[1])
+    return _axis("tensor")[1]
 
 
 get_model_parallel_world_size = get_tensor_parallel_world_size
 
 
 def get_data_parallel_rank() -> int:
-    return _axis(DATA)[1].index(dist.get_rank())
+    return _axis("data")[2]
 
 
 def get_pipeline_parallel_rank() -> int:
-    return _axis(PIPE)[1].index(dist.get_rank())
+    return _axis("pipe")[2]
 
 
 def get_tensor_parallel_rank() -> int:
-    return _axis(MODEL)[1].index(dist.get_rank())
+    return _axis("tensor")[2]
 
 
 get_model_parallel_rank = get_tensor_parallel_rank
@@ -140,33 +165,34 @@ def get_group_ranks(group: Any) -> list[int]:
 # ------------------------------------------------------------------ experts
 def create_expert_groups(ep_size: int) -> None:
     """Expert-parallel groups (ep_size consecutive data-parallel ranks) and expert-data-parallel groups
-    (the ranks holding the same experts: every ep_size-th data-parallel rank). Collective."""
-    _ensure()
+    (the ranks holding the same experts: every ep_size-th data-parallel rank) of the current layout.
+    Collective; the registered layout's own expert size needs no call."""
+    registered = _REGISTRY.groups
+    if registered is not None and ep_size == registered.dims.expert:
+        return
     if ep_size in _REGISTRY.expert_groups:
         return
-    data_lists = _REGISTRY.topology.get_axis_comm_lists(DATA) or [list(range(get_world_size()))]  # type: ignore[union-attr]
-    dp = len(data_lists[0])
-    if not isinstance(ep_size, int) or ep_size < 1 or dp % ep_size:
-        divisors = [d for d in range(1, dp + 1) if dp % d == 0]
-        raise CommError(f"expert-parallel size {ep_size} must divide the data-parallel size {dp}; valid: {divisors}")
+    _require_world()
+    base = registered.dims if registered is not None else ParallelDims(dist.get_world_size())
+    if not isinstance(ep_size, int) or isinstance(ep_size, bool) or ep_size < 1 or base.data % ep_size:  # type: ignore[operator]
+        divisors = [d for d in range(1, base.data + 1) if base.data % d == 0]  # type: ignore[operator]
+        raise CommError(f"expert-parallel size {ep_size} must divide the data-parallel size {base.data}; "
+                        f"valid: {divisors}")
+    dims = ParallelDims(base.world_size, pipe=base.pipe, tensor=base.tensor, data=base.data, expert=ep_size)
     me = dist.get_rank()
-    mine: list[Any] = [None, None, None, None]
-    for ranks in data_lists:
-        for start in range(0, dp, ep_size):
-            ep_ranks = ranks[start:start + ep_size]
-            group = _new_group(ep_ranks)
-            if me in ep_ranks:
-                mine[0:2] = [group, ep_ranks]
-    for ranks in data_lists:
-        for offset in range(ep_size):
-            edp_ranks = ranks[offset::ep_size]
-            group = _new_group(edp_ranks)
-            if me in edp_ranks:
-                mine[2:4] = [group, edp_ranks]
-    _REGISTRY.expert_groups[ep_size] = tuple(mine)  # type: ignore[assignment]
+    mine: dict[str, tuple[Any, list[int]]] = {}
+    for name in ("expert", "expert_data"):
+        for ranks in dims.partition(name):
+            group = new_group(ranks)
+            if me in ranks:
+                mine[name] = (group, ranks)
+    _REGISTRY.expert_groups[ep_size] = (*mine["expert"], *mine["expert_data"])
 
 
 def _experts(ep_size: int) -> tuple[Any, list[int], Any, list[int]]:
+    registered = _REGISTRY.groups
+    if registered is not None and ep_size == registered.dims.expert:
+        return (registered.expert, registered.ranks("expert"), registered.expert_data, registered.ranks("expert_data"))
     create_expert_groups(ep_size)
     return _REGISTRY.expert_groups[ep_size]
 
