@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 
 import dsaio
+
+# --import-mode=importlib keeps test folders off sys.path; the shared test helpers live here.
+sys.path.insert(0, str(Path(__file__).parent))
 
 ENGINES = [name for name, info in dsaio.backends().items() if info["available"]]
 

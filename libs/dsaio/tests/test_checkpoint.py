@@ -144,8 +144,8 @@ def test_bad_inputs(tmp_path):
         dsaio.save({"x": [1, 2]}, tmp_path / "c")
     with pytest.raises(TypeError, match="save_state_dict"):
         dsaio.save([np.ones(1)], tmp_path / "c")
-    with pytest.raises(TypeError, match="set"):
-        dsaio.save_state_dict({"s": {1, 2}}, tmp_path / "c")
+    with pytest.raises(TypeError, match="complex"):  # sets are state values now; complex numbers are not
+        dsaio.save_state_dict({"s": 1j}, tmp_path / "c")
     assert not list(tmp_path.iterdir())  # nothing half-written left behind
 
 

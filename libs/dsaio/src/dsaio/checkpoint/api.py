@@ -6,7 +6,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from .format import DTYPES, Entry
+from .format import DTYPES, CheckpointError, Entry
 from .reader import read_file
 from .tensors import as_numpy, as_torch, host_bytes, is_torch
 from .writer import write_atomic
@@ -74,24 +74,32 @@ def load_with_metadata(path: str | os.PathLike, device: str = "cpu", *, framewor
 def load_all(path: str | os.PathLike, device: str, framework: str | None, verify: bool,
              engine: str | None) -> tuple[dict[str, Any], dict[str, str]]:
     """Tensors and every metadata entry, dsaio's own included."""
-    entries, metadata, data = read_file(path, verify, engine)
-    framework = framework or metadata.get("dsaio.framework") or _default_framework()
-    if framework not in ("pt", "np"):
+    if framework not in (None, "pt", "np"):
         raise ValueError(f"load: framework must be 'pt' or 'np', got {framework!r}")
     if framework == "np" and device != "cpu":
         raise ValueError(f"load: numpy arrays live on the CPU; device {device!r} needs framework='pt'")
+    path = os.fspath(path)
+    entries, metadata, data = read_file(path, verify, engine)
+    chosen = framework or _stored_framework(metadata.get("dsaio.framework"), device)
     out: dict[str, Any] = {}
     for e in sorted(entries, key=lambda e: e.name):
         piece = data[e.begin : e.end]
-        if framework == "np":
-            out[e.name] = as_numpy(piece, e.dtype, e.shape, e.name)
-        else:
+        if chosen == "pt":
             t = as_torch(piece, e.dtype, e.shape)
             out[e.name] = t if device == "cpu" else t.to(device)
+        elif DTYPES[e.dtype][0] is not None or framework == "np":
+            out[e.name] = as_numpy(piece, e.dtype, e.shape, e.name)  # the caller's choice: its TypeError
+        else:
+            why = "the file says dsaio.framework 'np'" if metadata.get("dsaio.framework") == "np" else "torch is not installed"
+            raise CheckpointError(path, f"tensor {e.name!r} is {e.dtype}, which numpy has no dtype for, and {why}; "
+                                        "load it with framework='pt' (needs torch)")
     return out, metadata
 
 
-def _default_framework() -> str:
+def _stored_framework(stored: str | None, device: str) -> str:
+    """What the file asks for (torch for other writers' files), where what it asks for is installed."""
+    if stored == "np" and device == "cpu":
+        return "np"
     try:
         import torch  # noqa: F401
     except ImportError:

@@ -5,11 +5,14 @@
 dsaio pads the header with spaces (JSON allows them; so does safetensors) so the data starts on
 a 4096-byte boundary and one direct read can load it all. Tensors are sorted by element size,
 largest first, so each one is naturally aligned inside the data. `__metadata__` carries:
-  dsaio.format      "1"
-  dsaio.framework   "pt" or "np": what `load` gives back by default
-  dsaio.chunk       checksum chunk size in bytes
-  dsaio.crc32       8 hex digits (zlib CRC-32) per chunk of the data region
-  dsaio.index_crc32 CRC-32 of the tensor index (names, dtypes, shapes, offsets)
+  dsaio.format         "2" ("1": files written before dsaio.metadata_crc32 existed)
+  dsaio.framework      "pt" or "np": what `load` gives back by default
+  dsaio.chunk          checksum chunk size in bytes
+  dsaio.crc32          8 hex digits (zlib CRC-32) per chunk of the data region
+  dsaio.index_crc32    CRC-32 of the tensor index (names, dtypes, shapes, offsets)
+  dsaio.metadata_crc32 CRC-32 of every other metadata entry (the caller's and dsaio.state among them)
+
+Reading a header that may be hostile is header.py's job.
 """
 
 from __future__ import annotations
@@ -25,7 +28,12 @@ from ..errors import AioError
 
 HEADER_ALIGN = 4096
 CHUNK = 64 << 20  # checksum and streaming unit: big enough for full-speed I/O, small enough to overlap
-_MAX_HEADER = 100 << 20  # safetensors' own limit
+MAX_HEADER = 100 << 20  # safetensors' own limit
+FORMAT = "2"
+# Checksums each format version carries; a file of ours without one of them is refused.
+REQUIRED = {"1": ("dsaio.chunk", "dsaio.crc32", "dsaio.index_crc32"),
+            "2": ("dsaio.chunk", "dsaio.crc32", "dsaio.index_crc32", "dsaio.metadata_crc32")}
+_NOT_IN_METADATA_CRC = ("dsaio.crc32", "dsaio.metadata_crc32")  # the data's CRCs land after the rest is fixed
 
 # safetensors dtype code -> (numpy dtype or None where numpy has none, torch dtype name, bytes)
 DTYPES: dict[str, tuple[np.dtype | None, str, int]] = {
@@ -87,6 +95,11 @@ def index_crc(entries: list[Entry]) -> str:
     return f"{zlib.crc32(text.encode()):08x}"
 
 
+def metadata_crc(metadata: dict[str, str]) -> str:
+    covered = sorted((k, v) for k, v in metadata.items() if k not in _NOT_IN_METADATA_CRC)
+    return f"{zlib.crc32(json.dumps(covered, separators=(',', ':')).encode()):08x}"
+
+
 def encode_header(entries: list[Entry], metadata: dict[str, str]) -> bytes:
     """The length prefix and JSON header, padded with spaces to a HEADER_ALIGN boundary."""
     body: dict[str, object] = {"__metadata__": metadata} if metadata else {}
@@ -95,53 +108,3 @@ def encode_header(entries: list[Entry], metadata: dict[str, str]) -> bytes:
     total = -(-(8 + len(raw)) // HEADER_ALIGN) * HEADER_ALIGN
     raw += b" " * (total - 8 - len(raw))
     return len(raw).to_bytes(8, "little") + raw
-
-
-def header_length(prefix: bytes, path: str, file_size: int) -> int:
-    if len(prefix) < 8:
-        raise CheckpointError(path, f"truncated: {file_size} bytes is too short for a safetensors header")
-    n = int.from_bytes(prefix[:8], "little")
-    if n > _MAX_HEADER or 8 + n > file_size:
-        raise CheckpointError(path, f"truncated or not a safetensors file: header length {n} "
-                                    f"but the file has {file_size} bytes")
-    return n
-
-
-def decode_header(raw: bytes, path: str, data_size: int) -> tuple[list[Entry], dict[str, str]]:
-    """Parses and checks the header against the size of the data region that follows it."""
-    try:
-        body = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(path, f"corrupted header: not valid JSON ({exc})") from None
-    if not isinstance(body, dict):
-        raise CheckpointError(path, "corrupted header: not a JSON object")
-    metadata = body.pop("__metadata__", None) or {}
-    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
-        raise CheckpointError(path, "corrupted header: __metadata__ must map strings to strings")
-    entries = []
-    for name, info in body.items():
-        try:
-            dtype, shape, (begin, end) = info["dtype"], tuple(info["shape"]), info["data_offsets"]
-            ok = dtype in DTYPES and all(isinstance(d, int) and d >= 0 for d in shape) and 0 <= begin <= end
-        except (TypeError, KeyError, ValueError):
-            ok = False
-        if not ok:
-            raise CheckpointError(path, f"corrupted header: bad entry for tensor {name!r}: {info!r}")
-        want = int(np.prod(shape, dtype=np.int64)) * DTYPES[dtype][2]
-        if end - begin != want:
-            raise CheckpointError(path, f"corrupted header: tensor {name!r} of {dtype}{list(shape)} needs "
-                                        f"{want} bytes, its offsets give {end - begin}")
-        entries.append(Entry(name, dtype, shape, begin, end))
-    entries.sort(key=lambda e: (e.begin, e.end))
-    pos = 0
-    for e in entries:
-        if e.begin != pos:
-            raise CheckpointError(path, f"corrupted header: tensor {e.name!r} starts at {e.begin}, expected {pos}")
-        pos = e.end
-    if pos != data_size:
-        what = "truncated" if pos > data_size else "corrupted (trailing bytes)"
-        raise CheckpointError(path, f"{what}: the header describes {pos} bytes of tensor data, "
-                                    f"the file holds {data_size}")
-    if "dsaio.index_crc32" in metadata and metadata["dsaio.index_crc32"] != index_crc(entries):
-        raise CheckpointError(path, "corrupted header: the tensor index does not match its checksum")
-    return entries, metadata

@@ -13,7 +13,8 @@ from .._files import OpenFile, open_file
 from .._transfer import move
 from ..engines import get_engine
 from .checksum import crc32_at
-from .format import CHUNK, CheckpointError, Entry, decode_header, header_length
+from .format import CheckpointError, Entry
+from .header import decode_header, header_length
 from .stream import TUNING
 
 
@@ -33,19 +34,16 @@ def read_file(path: str | os.PathLike, verify: bool = True, engine: str | None =
         size = f.size_at_open
         n = header_length(_read(f, eng, min(8, size), 0), path, size)
         start = 8 + n
-        entries, metadata = decode_header(_read(f, eng, n, 8), path, size - start)
         data_size = size - start
+        header = decode_header(_read(f, eng, n, 8), path, data_size, verify)
         # Place the buffer so its address lines up with the file offset: then even a file whose
         # data does not start on an alignment boundary (another writer's) is read directly.
         a = max(f.align.memory, f.align.offset, 64)
         raw = aligned_empty(data_size + a, a)
         skip = start % a
         data = raw[skip : skip + data_size]
-        crcs = metadata.get("dsaio.crc32") if verify else None
-        chunk = int(metadata.get("dsaio.chunk", CHUNK)) if crcs else max(data_size, 1)
-        if crcs is not None and len(crcs) != 8 * -(-data_size // chunk):
-            raise CheckpointError(path, f"corrupted header: {len(crcs) // 8} checksums for "
-                                        f"{data_size} bytes in chunks of {chunk}")
+        crcs = header.crcs
+        chunk = header.chunk if crcs is not None else max(data_size, 1)
         with ThreadPoolExecutor(1, thread_name_prefix="dsaio-load") as pool:
             # Reads run one after another on the worker; checksums run here as each one lands.
             futures = [pool.submit(move, eng, f, data.ctypes.data + lo, min(chunk, data_size - lo), start + lo,
@@ -55,11 +53,11 @@ def read_file(path: str | os.PathLike, verify: bool = True, engine: str | None =
                 if crcs is not None:
                     lo = i * chunk
                     got = f"{crc32_at(data.ctypes.data + lo, min(chunk, data_size - lo)):08x}"
-                    if got != crcs[8 * i : 8 * i + 8]:
+                    if got != crcs[i]:
                         for later in futures[i + 1 :]:
                             later.cancel()
                         raise CheckpointError(path, f"corrupted: checksum mismatch in bytes {start + lo}.."
                                                     f"{start + min(lo + chunk, data_size)} (chunk {i})")
     finally:
         f.close()
-    return entries, metadata, data
+    return header.entries, header.metadata, data

@@ -18,7 +18,7 @@ from .._files import OpenFile, open_file, writing
 from .._transfer import move
 from ..engines import get_engine
 from .checksum import Checksums
-from .format import CHUNK, Entry, encode_header, index_crc
+from .format import CHUNK, FORMAT, Entry, encode_header, index_crc, metadata_crc
 from .stream import TUNING, DataStream
 
 
@@ -42,8 +42,9 @@ def write_atomic(path: str, pieces: list[tuple[Entry, int]], metadata: dict[str,
     data_size = entries[-1].end if entries else 0
     nchunks = -(-data_size // CHUNK)
     meta = dict(metadata)
-    meta.update({"dsaio.format": "1", "dsaio.framework": framework, "dsaio.chunk": str(CHUNK),
+    meta.update({"dsaio.format": FORMAT, "dsaio.framework": framework, "dsaio.chunk": str(CHUNK),
                  "dsaio.index_crc32": index_crc(entries), "dsaio.crc32": "0" * (8 * nchunks)})
+    meta["dsaio.metadata_crc32"] = metadata_crc(meta)  # covers everything but the data CRCs, filled in below
     start = len(encode_header(entries, meta))  # fixed-width checksums: the final header is as long
     tmp = _temp_name(path)
     f = open_file(tmp, is_read=False, operation="save")
