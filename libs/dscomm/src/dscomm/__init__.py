@@ -8,7 +8,7 @@
     dscomm.all_reduce(tensor, group=groups.data)
 """
 
-from . import groups
+from . import checkpointing, groups
 from ._version import __version__
 from .backend import (
     destroy,
@@ -78,6 +78,7 @@ __all__ = [
     "barrier",
     "batch_isend_irecv",
     "broadcast",
+    "checkpointing",
     "comms_logger_settings",
     "configure",
     "describe_group",
