@@ -94,6 +94,9 @@ def _warn_fallback_once() -> None:
                       RuntimeWarning, stacklevel=3)
 
 
+_probed: dict[str, tuple[bool, str]] = {}  # a probe sets up a kernel queue (tens of ms): once per process
+
+
 def backends() -> dict[str, dict[str, object]]:
     """Which engines work here: {name: {"available": bool, "reason": str}}, fastest first."""
     found: dict[str, dict[str, object]] = {}
@@ -103,7 +106,9 @@ def backends() -> dict[str, dict[str, object]]:
         elif _native is None:
             found[name] = {"available": False, "reason": _native_problem}
         else:
-            ok, why = _native.probe(name)
+            if name not in _probed:
+                _probed[name] = _native.probe(name)
+            ok, why = _probed[name]
             found[name] = {"available": bool(ok), "reason": "system calls work here" if ok else why}
     return found
 
