@@ -3,7 +3,7 @@
 `nox` runs every library's tests, each in a fresh virtual environment that holds only that
 library, the sibling libraries it declares (read from the pyproject files) and its test extra, so
 a forgotten dependency fails its tests. `nox -s dsconfig` runs one library; `nox -s lint` runs ruff
-and the layering check.
+and the layering check (tools/check_layers.py, which reads LAYERS from this file).
 """
 
 from __future__ import annotations
@@ -92,8 +92,12 @@ for _name, (_lib, _extra, _absent) in VARIANTS.items():
 @nox.session
 def lint(session: nox.Session) -> None:
     """ruff, then the layering: declared sibling dependencies and actual imports."""
-    session.install("ruff")
+    session.install("ruff", "pytest")
     session.run("ruff", "check", ".")
+    # The import check kept in this repository reads LAYERS above, so it runs on a clean clone; its
+    # tests plant bad imports in a scratch repository and expect it to fail.
+    session.run("python", str(ROOT / "tools" / "check_layers.py"), str(ROOT))
+    session.run("pytest", "-q", str(ROOT / "tools" / "tests"))
     bad = [
         f"{lib} declares {dep}, which is not below it in noxfile.LAYERS"
         for lib in LAYERS
@@ -105,8 +109,8 @@ def lint(session: nox.Session) -> None:
             for lib in LAYERS if f"./{_project_dir(lib).relative_to(ROOT)}" not in listed]
     if bad:
         session.error("\n".join(bad))
-    shared_check = ROOT.parent / "shared" / "tools" / "check_layers.py"
+    shared_check = ROOT.parent / "shared" / "tools" / "check_layers.py"  # the team's copy, with extra rules
     if shared_check.exists():
         session.run(sys.executable, str(shared_check), str(ROOT), external=True)
     else:
-        session.log(f"{shared_check} not found; import layering not checked")
+        session.log(f"{shared_check} not found; checked with tools/check_layers.py only")
