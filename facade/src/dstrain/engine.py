@@ -1,5 +1,6 @@
 """`DeepSpeedEngine`: the module, its ZeRO optimizer, scheduler, loader and reporting behind one
-forward / backward / step loop, as DeepSpeed's engine presents them."""
+forward / backward / step loop, as DeepSpeed's engine presents them. The engine drives the loop; its
+parts (`parts.build_training_parts`) are built, saved and reported on without it."""
 
 from __future__ import annotations
 
@@ -9,62 +10,59 @@ from typing import Any
 import torch
 
 import dscomm
-import dszero
-from dsconfig import ConfigError, DeepSpeedConfig, Problem
+from dsconfig import DeepSpeedConfig
 
-from . import checkpointing
 from .dataloader import DeepSpeedDataLoader
 from .errors import DstrainError
 from .logs import log_on_rank0
-from .precision_setup import PrecisionSetup
-from .step_reporting import StepReporter
-from .tensorwise import TensorwiseOnFlat, needs_whole_tensors
+from .parts import TrainingParts, build_training_parts
+from .step_reporting import learning_rates, momenta
+
+
+def _part(name: str, doc: str) -> property:
+    # Readable and writable, as on DeepSpeed's engine; the parts hold the value so checkpoints see a replacement.
+    return property(lambda self: getattr(self._parts, name), lambda self, value: setattr(self._parts, name, value),
+                    doc=doc)
+
+
+def _counter(name: str, doc: str) -> property:
+    return property(lambda self: getattr(self._progress, name),
+                    lambda self, value: setattr(self._progress, name, int(value)), doc=doc)
 
 
 class DeepSpeedEngine(torch.nn.Module):
     """Built by `dstrain.initialize()`; `engine(*inputs)`, `engine.backward(loss)`, `engine.step()`."""
 
+    optimizer = _part("optimizer", "The ZeRO optimizer wrapping the basic one (None without an optimizer).")
+    basic_optimizer = _part("basic_optimizer", "The torch optimizer whose parameter groups hold lr and betas.")
+    lr_scheduler = _part("lr_scheduler", "The learning-rate scheduler, stepped at each applied optimizer step.")
+    training_dataloader = _part("training_dataloader", "The loader over initialize(training_data=...), or None.")
+    global_steps = _counter("global_steps", "Optimizer steps taken (applied or skipped for an fp16 overflow).")
+    global_samples = _counter("global_samples", "Samples consumed by those steps, over all data-parallel ranks.")
+    micro_steps = _counter("micro_steps", "engine.step() calls, boundary or not.")
+
     def __init__(self, *, model: torch.nn.Module, config: DeepSpeedConfig, optimizer: Any = None,
                  model_parameters: Any = None, training_data: Any = None, lr_scheduler: Any = None,
-                 collate_fn: Any = None, data_parallel_group: Any = None):
+                 collate_fn: Any = None, data_parallel_group: Any = None, groups: Any = None):
         super().__init__()
-        if not isinstance(model, torch.nn.Module):
-            raise TypeError(f"initialize(model=...) must be a torch.nn.Module, got {type(model).__name__}")
+        parts = build_training_parts(model, config, optimizer=optimizer, model_parameters=model_parameters,
+                                     training_data=training_data, lr_scheduler=lr_scheduler, collate_fn=collate_fn,
+                                     data_parallel_group=data_parallel_group, groups=groups)
+        self._parts: TrainingParts = parts
+        self._progress = parts.progress
         self._config = config
         self.config = config.to_dict()  # the resolved config as JSON data, as DeepSpeed's engine.config
         self.module = model
         self.data_parallel_group = data_parallel_group
-        self.global_rank = dscomm.get_rank()
+        self.global_rank = parts.global_rank
         self.world_size = dscomm.get_world_size()
         self.local_rank = dscomm.get_local_rank()
-        self.dp_world_size = torch.distributed.get_world_size(data_parallel_group)
-        self.device = _training_device(self.local_rank)
-        self.global_steps = 0
-        self.global_samples = 0
-        self.micro_steps = 0
-        self._backwards_since_step = 0
-        self._boundary_override: bool | None = None
-        self._step_applied = False
+        self.dp_world_size = parts.dp_world_size
+        self.device = parts.device
+        self.precision = parts.precision
+        self.reporter = parts.reporter
         self._engine_backward_active = False
-        self._gc_disabled = False
         self._compiled = False
-
-        self.precision = PrecisionSetup(config, self.device)
-        model.to(self.device)
-        self.precision.prepare_module(model)
-        if config.comms_logger.enabled:
-            dscomm.configure(config.comms_logger)
-        if not checkpointing.is_configured():  # the config's activation_checkpointing section, until the script's own
-            checkpointing.configure(None, deepspeed_config=config)
-        self._broadcast_module_state()
-        self.basic_optimizer = self._build_basic_optimizer(optimizer, model_parameters)
-        self.optimizer = self._wrap_optimizer(self.basic_optimizer) if self.basic_optimizer is not None else None
-        self.lr_scheduler = self._build_scheduler(lr_scheduler)
-        self.training_dataloader = self._build_loader(training_data, collate_fn) if training_data is not None else None
-        self.reporter = StepReporter(self)
-        if config.disable_python_gc:  # last, so a failed initialize() leaves the collector on
-            gc.disable()
-            self._gc_disabled = True
         if config.dump_state:
             log_on_rank0(self.global_rank, self._state_text())
         features = ", ".join(config.enabled_features()) or "plain data parallelism"
@@ -73,92 +71,12 @@ class DeepSpeedEngine(torch.nn.Module):
                                        f" x accumulation {self.gradient_accumulation_steps()} x ranks "
                                        f"{self.dp_world_size}")
 
-    # ------------------------------------------------------------------ construction
-    def _broadcast_module_state(self) -> None:
-        # Every rank starts from rank 0's weights and buffers (ZeRO re-broadcasts the flat groups it builds).
-        if self.dp_world_size == 1:
-            return
-        src = torch.distributed.get_global_rank(self.data_parallel_group, 0)
-        with torch.no_grad():
-            for tensor in [*self.module.parameters(), *self.module.buffers()]:
-                if tensor.numel():
-                    dscomm.broadcast(tensor.data, src, group=self.data_parallel_group, log_name="engine_broadcast")
-
-    def _build_basic_optimizer(self, client: Any, model_parameters: Any) -> torch.optim.Optimizer | None:
-        config = self._config.optimizer
-        if client is not None and config is not None:
-            raise ConfigError(Problem("optimizer", f"initialize() was given an optimizer ({type(client).__name__}) "
-                                                   f"and the config names one ({config.type}); keep one of them"))
-        params = model_parameters if model_parameters is not None else self.module.parameters()
-        if client is None:
-            if config is None:
-                return None
-            from .optim_factory import build_optimizer
-
-            return build_optimizer(config, params)
-        if isinstance(client, torch.optim.Optimizer):
-            return client
-        if callable(client):
-            built = client(params)
-            if not isinstance(built, torch.optim.Optimizer):
-                raise TypeError(f"the optimizer callable returned {type(built).__name__}, not a torch.optim.Optimizer")
-            return built
-        raise TypeError(f"initialize(optimizer=...) must be a torch.optim.Optimizer or a callable that builds one "
-                        f"from the parameters, got {type(client).__name__}")
-
-    def _wrap_optimizer(self, basic: torch.optim.Optimizer) -> dszero.ZeroOptimizer:
-        cfg = self._config
-        clipping = cfg.gradient_clipping if isinstance(cfg.gradient_clipping, (int, float)) else 0.0
-        tensorwise = TensorwiseOnFlat(basic) if needs_whole_tensors(basic) else None
-        if tensorwise is not None:
-            tensorwise.check_stage(cfg.zero_optimization.stage, type(basic).__name__)
-            self.basic_optimizer = tensorwise  # what schedulers and get_lr() see
-        zero = dszero.ZeroOptimizer(
-            self.module, tensorwise or basic, cfg.zero_optimization, precision=self.precision.precision,
-            gradient_clipping=float(clipping), group=self.data_parallel_group,
-            aio=cfg.aio.handle_kwargs(), gradient_average=cfg.gradient_allreduce_op == "mean",
-            grad_accum_dtype=self.precision.grad_accum_dtype,
-            gradient_predivide_factor=cfg.gradient_predivide_factor, prescale_gradients=cfg.prescale_gradients,
-            communication_dtype=self.precision.communication_dtype)
-        if tensorwise is not None:
-            tensorwise.bind(zero.groups)
-        return zero
-
-    def _build_scheduler(self, client: Any) -> Any:
-        config = self._config.scheduler
-        if client is not None and config is not None:
-            raise ConfigError(Problem("scheduler", f"initialize() was given an lr_scheduler "
-                                                   f"({type(client).__name__}) and the config names one "
-                                                   f"({config.type}); keep one of them"))
-        if client is None:
-            if config is None:
-                return None
-            if self.basic_optimizer is None:
-                raise ConfigError(Problem("scheduler", "a scheduler needs an optimizer: add an optimizer section "
-                                                       "or pass optimizer= to initialize()"))
-            from .optim_factory import build_scheduler
-
-            return build_scheduler(config, self.basic_optimizer)
-        if hasattr(client, "step") and hasattr(client, "state_dict"):
-            return client
-        if callable(client):
-            return client(self.basic_optimizer)
-        raise TypeError(f"initialize(lr_scheduler=...) must be a scheduler or a callable that builds one from the "
-                        f"optimizer, got {type(client).__name__}")
-
-    def _build_loader(self, dataset: Any, collate_fn: Any) -> DeepSpeedDataLoader:
-        rank = torch.distributed.get_rank(self.data_parallel_group)
-        return DeepSpeedDataLoader(dataset, self.train_micro_batch_size_per_gpu(), rank=rank,
-                                   world_size=self.dp_world_size, collate_fn=collate_fn,
-                                   drop_last=self._config.dataloader_drop_last)
-
     def deepspeed_io(self, dataset: Any, batch_size: int | None = None, route: str = "train", collate_fn: Any = None,
                      num_workers: int = 0, data_sampler: Any = None) -> DeepSpeedDataLoader:
         """A distributed loader over `dataset` (DeepSpeed's name), e.g. for evaluation data."""
-        rank = torch.distributed.get_rank(self.data_parallel_group)
-        return DeepSpeedDataLoader(dataset, batch_size or self.train_micro_batch_size_per_gpu(), rank=rank,
-                                   world_size=self.dp_world_size, collate_fn=collate_fn, num_workers=num_workers,
-                                   data_sampler=data_sampler, shuffle=route == "train",
+        return DeepSpeedDataLoader(dataset, batch_size or self.train_micro_batch_size_per_gpu(),
+                                   rank=self._parts.dp_rank, world_size=self.dp_world_size, collate_fn=collate_fn,
+                                   num_workers=num_workers, data_sampler=data_sampler, shuffle=route == "train",
                                    drop_last=self._config.dataloader_drop_last)
 
     # ------------------------------------------------------------------ the loop
@@ -204,44 +122,41 @@ class DeepSpeedEngine(torch.nn.Module):
             (loss * factor if factor != 1.0 else loss).backward(retain_graph=retain_graph)
         finally:
             self._engine_backward_active = False
-        self._backwards_since_step += 1
+        self._progress.record_backward()
         timer.stop()
         return loss
 
     def is_gradient_accumulation_boundary(self) -> bool:
         """Whether the next step() updates the weights."""
-        if self._boundary_override is not None:
-            return self._boundary_override
-        if not self._config.managed_gradient_accumulation:
-            return True
-        return (self.micro_steps + 1) % self.gradient_accumulation_steps() == 0
+        managed = self._config.managed_gradient_accumulation
+        return self._progress.is_boundary(self.gradient_accumulation_steps() if managed else None)
 
     def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
         """Override the boundary (e.g. at the end of an epoch); None returns to counting micro-steps."""
-        self._boundary_override = is_boundary
+        self._progress.boundary_override = is_boundary
 
     def step(self, lr_kwargs: dict | None = None) -> None:
         """Count the micro-batch; at the accumulation boundary, update the weights and the scheduler."""
         self._require_optimizer("step")
+        progress, optimizer = self._progress, self.optimizer
         boundary = self.is_gradient_accumulation_boundary()
         timer = self.reporter.timer("step")
         timer.start()
-        self._step_applied = False
+        progress.last_step_applied = False
         if boundary:
-            self._step_applied = self.optimizer.step()
-            if self._step_applied and self.lr_scheduler is not None:
+            progress.last_step_applied = optimizer.step()
+            if progress.last_step_applied and self.lr_scheduler is not None:
                 self.lr_scheduler.step(**(lr_kwargs or {}))
         timer.stop()
-        micro_batches = max(self._backwards_since_step, 1)
-        self.micro_steps += 1
-        if boundary:
-            self.global_steps += 1
-            if self._config.managed_gradient_accumulation:
-                self.global_samples += self.train_batch_size()
-            else:
-                self.global_samples += micro_batches * self.train_micro_batch_size_per_gpu() * self.dp_world_size
-            self._backwards_since_step = 0
-            self.reporter.after_step()
+        if not boundary:
+            progress.count_step(False, 0)
+            return
+        if self._config.managed_gradient_accumulation:
+            samples = self.train_batch_size()
+        else:
+            samples = progress.micro_batches_in_step() * self.train_micro_batch_size_per_gpu() * self.dp_world_size
+        progress.count_step(True, samples)
+        self.reporter.after_step(optimizer, self.basic_optimizer)
 
     def zero_grad(self) -> None:
         """Drop the accumulated gradients (step() already does this at each boundary)."""
@@ -250,7 +165,7 @@ class DeepSpeedEngine(torch.nn.Module):
 
     def was_step_applied(self) -> bool:
         """False when the last boundary step was skipped for an fp16 overflow (or no boundary was reached)."""
-        return self._step_applied
+        return self._progress.last_step_applied
 
     def _require_optimizer(self, what: str) -> None:
         if self.optimizer is None:
@@ -294,12 +209,10 @@ class DeepSpeedEngine(torch.nn.Module):
         return self.optimizer.skipped_steps if self.optimizer is not None else 0
 
     def get_lr(self) -> list[float]:
-        return [group["lr"] for group in self.basic_optimizer.param_groups] if self.basic_optimizer else []
+        return learning_rates(self.basic_optimizer)
 
     def get_mom(self) -> list[Any]:
-        if self.basic_optimizer is None:
-            return []
-        return [group.get("betas", group.get("momentum")) for group in self.basic_optimizer.param_groups]
+        return momenta(self.basic_optimizer)
 
     def get_global_grad_norm(self) -> float | None:
         return self.optimizer.get_global_grad_norm() if self.optimizer is not None else None
@@ -332,24 +245,34 @@ class DeepSpeedEngine(torch.nn.Module):
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest: bool = True,
-                        exclude_frozen_parameters: bool = False):
+                        exclude_frozen_parameters: bool = False) -> bool:
+        """Save the training state under `save_dir/<tag>` (collective); exclude_frozen_parameters leaves
+        the parameters with requires_grad False out of the module file."""
         from .engine_checkpoint import save_checkpoint
 
-        return save_checkpoint(self, save_dir, tag, client_state or {}, save_latest)
+        self._require_optimizer("save_checkpoint")
+        return save_checkpoint(self._parts, save_dir, tag, client_state or {}, save_latest,
+                               exclude_frozen_parameters=exclude_frozen_parameters)
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict: bool = True, load_optimizer_states: bool = True,
                         load_lr_scheduler_states: bool = True, load_module_only: bool = False,
-                        custom_load_fn=None):
+                        custom_load_fn=None) -> tuple[str | None, Any]:
+        """Load a checkpoint (collective): (its path, the client state), or (None, None) when there is none.
+        custom_load_fn(src=<saved module state>, dst=<module>) replaces the module's own loading."""
         from .engine_checkpoint import load_checkpoint
 
-        return load_checkpoint(self, load_dir, tag, load_module_strict=load_module_strict,
+        return load_checkpoint(self._parts, load_dir, tag, load_module_strict=load_module_strict,
                                load_optimizer_states=load_optimizer_states,
-                               load_lr_scheduler_states=load_lr_scheduler_states, load_module_only=load_module_only)
+                               load_lr_scheduler_states=load_lr_scheduler_states, load_module_only=load_module_only,
+                               custom_load_fn=custom_load_fn)
 
-    def save_16bit_model(self, save_dir, save_filename: str = "pytorch_model.bin", exclude_frozen_parameters=False):
+    def save_16bit_model(self, save_dir, save_filename: str = "pytorch_model.bin",
+                         exclude_frozen_parameters: bool = False) -> bool:
+        """The module's weights in its training dtype as one file, written by the first data-parallel rank."""
         from .engine_checkpoint import save_16bit_model
 
-        return save_16bit_model(self, save_dir, save_filename)
+        return save_16bit_model(self._parts, save_dir, save_filename,
+                                exclude_frozen_parameters=exclude_frozen_parameters)
 
     # ------------------------------------------------------------------ the rest
     def _state_text(self) -> str:
@@ -359,16 +282,7 @@ class DeepSpeedEngine(torch.nn.Module):
 
     def destroy(self) -> None:
         """Close the monitors and give the garbage collector back."""
-        self.reporter.close()
-        if self._gc_disabled:
-            gc.enable()
-            self._gc_disabled = False
-
-
-def _training_device(local_rank: int) -> torch.device:
-    if torch.cuda.is_available():
-        return torch.device("cuda", local_rank % torch.cuda.device_count())
-    return torch.device("cpu")
+        self._parts.close()
 
 
 def _hook_outputs(output: Any, hook) -> None:

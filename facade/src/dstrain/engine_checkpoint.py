@@ -1,10 +1,13 @@
-"""The engine's checkpoints: `save_dir/<tag>/` holds the ZeRO shards (dszero), the module's weights
-and buffers, and each rank's engine state (step counters, loader position, RNG states), all as
-dsaio files. A save is written to `<tag>.partial` and swapped into place only when every rank has
-written, and `latest` is updated after that, so a crash mid-save leaves the previous checkpoint and
-`latest` as they were. Every file is listed in a checksummed `manifest.json` (dszero's), checked
-before anything is loaded, and nothing is ever unpickled: client state is refused at save time
-unless dsaio's declared types can hold it.
+"""Training checkpoints: `save_dir/<tag>/` holds the ZeRO shards (dszero), the module's weights
+and buffers, and each rank's state (progress counters, loader position, RNG states), all as dsaio
+files. The functions take the training parts (`parts.TrainingParts`), so the plain and the pipeline
+training loops save alike.
+
+A save is written to `<tag>.partial` and swapped into place only when every rank has written, and
+`latest` is updated after that, so a crash mid-save leaves the previous checkpoint and `latest` as
+they were. Every file is listed in a checksummed `manifest.json` (dszero's), checked before anything
+is loaded, and nothing is ever unpickled: client state is refused at save time unless dsaio's
+declared types can hold it.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import shutil
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,11 +38,12 @@ from .errors import CheckpointLoadError, DstrainError
 from .logs import log_on_rank0
 
 if TYPE_CHECKING:
-    from .engine import DeepSpeedEngine
+    from .parts import TrainingParts
 
 ZERO_DIR = "zero"
 MODEL_FILE = "model_states.safetensors"
 COMMON_FILE = "engine_common.safetensors"  # scheduler and client state, written once
+EXCLUDED_FROZEN = "excluded_frozen"  # in the common file, only when exclude_frozen_parameters left some out
 
 
 def engine_file(rank: int) -> str:
@@ -46,32 +51,38 @@ def engine_file(rank: int) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- save
-def save_checkpoint(engine: DeepSpeedEngine, save_dir, tag: Any, client_state: dict, save_latest: bool) -> bool:
-    engine._require_optimizer("save_checkpoint")
+def save_checkpoint(parts: TrainingParts, save_dir, tag: Any, client_state: dict, save_latest: bool, *,
+                    exclude_frozen_parameters: bool = False) -> bool:
+    if parts.optimizer is None:
+        raise DstrainError("save_checkpoint() needs an optimizer: a checkpoint is the training state")
     # Everything a save can refuse is refused here, on every rank, before any rank writes or waits.
-    tag = check_tag(str(tag) if tag is not None else f"global_step{engine.global_steps}")
-    common = {"lr_scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler is not None else None,
-              "client_state": client_state, "dp_world_size": engine.dp_world_size,
-              "zero_stage": engine.zero_optimization_stage(), "global_steps": engine.global_steps}
+    steps = parts.progress.global_steps
+    tag = check_tag(str(tag) if tag is not None else f"global_step{steps}")
+    common = {"lr_scheduler": parts.lr_scheduler.state_dict() if parts.lr_scheduler is not None else None,
+              "client_state": client_state, "dp_world_size": parts.dp_world_size,
+              "zero_stage": parts.config.zero_optimization.stage, "global_steps": steps}
+    excluded = _frozen_names(parts.module) if exclude_frozen_parameters else []
+    if excluded:
+        common[EXCLUDED_FROZEN] = excluded
     _check_storable(common)
-    tag = _validate_tag(engine, tag)
+    tag = _validate_tag(parts, tag)
     root = Path(save_dir)
     final = root / tag
     partial = root / f"{tag}.partial"
     if final.is_dir() and any(final.iterdir()) and not (final / COMMON_FILE).is_file():
         raise DstrainError(f"{final} exists and is not a dstrain checkpoint ({COMMON_FILE} missing); a save replaces "
                            f"its tag's directory, so it refuses to replace this one: choose another tag")
-    group = engine.data_parallel_group
-    writer = is_shared_file_writer(root, group, engine._config.checkpoint.use_node_local_storage)
+    group = parts.data_parallel_group
+    node_local = parts.config.checkpoint.use_node_local_storage
+    writer = is_shared_file_writer(root, group, node_local)
     if writer:
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
     dscomm.barrier(group=group)
-    engine.optimizer.save(partial / ZERO_DIR, node_local=engine._config.checkpoint.use_node_local_storage)
-    dp_rank = torch.distributed.get_rank(group)
-    dsaio.save_state_dict(_rank_state(engine), partial / engine_file(dp_rank))
+    parts.optimizer.save(partial / ZERO_DIR, node_local=node_local)
+    dsaio.save_state_dict(_rank_state(parts), partial / engine_file(parts.dp_rank))
     if writer:
-        dsaio.save_state_dict(_module_state(engine), partial / MODEL_FILE)
+        dsaio.save_state_dict(_module_state(parts, set(excluded)), partial / MODEL_FILE)
         dsaio.save_state_dict(common, partial / COMMON_FILE)
     dscomm.barrier(group=group)
     if writer:
@@ -80,7 +91,7 @@ def save_checkpoint(engine: DeepSpeedEngine, save_dir, tag: Any, client_state: d
         if save_latest:
             write_text_atomically(root / LATEST, tag)
     dscomm.barrier(group=group)
-    log_on_rank0(engine.global_rank, f"saved checkpoint {final}")
+    log_on_rank0(parts.global_rank, f"saved checkpoint {final}")
     return True
 
 
@@ -92,12 +103,12 @@ def _check_storable(common: dict) -> None:
         raise DstrainError(f"save_checkpoint: {exc}; nothing was saved") from None
 
 
-def _validate_tag(engine: DeepSpeedEngine, tag: str) -> str:
+def _validate_tag(parts: TrainingParts, tag: str) -> str:
     """The tag every rank saves under: Fail refuses differing tags, Warn warns and takes rank 0's."""
-    mode = engine._config.checkpoint.tag_validation
-    if mode == "Ignore" or engine.dp_world_size == 1:
+    mode = parts.config.checkpoint.tag_validation
+    if mode == "Ignore" or parts.dp_world_size == 1:
         return tag
-    group = engine.data_parallel_group
+    group = parts.data_parallel_group
     digest = int.from_bytes(hashlib.sha1(tag.encode()).digest()[:7], "little")
     low = torch.tensor([digest], dtype=torch.int64)
     high = low.clone()
@@ -105,7 +116,7 @@ def _validate_tag(engine: DeepSpeedEngine, tag: str) -> str:
     dscomm.all_reduce(high, op=dscomm.ReduceOp.MAX, group=group, log_name="checkpoint_tag")
     if low.item() == high.item():
         return tag
-    message = (f"checkpoint tag {tag!r} on rank {engine.global_rank} differs from another rank's tag; every rank must "
+    message = (f"checkpoint tag {tag!r} on rank {parts.global_rank} differs from another rank's tag; every rank must "
                f"save under the same tag (checkpoint.tag_validation is {mode})")
     if mode == "Fail":
         raise DstrainError(message)
@@ -124,26 +135,32 @@ def _rank0_text(text: str, group) -> str:
     return bytes(buffer.tolist()).decode()
 
 
-def _rank_state(engine: DeepSpeedEngine) -> dict[str, Any]:
-    loader = engine.training_dataloader
-    return {"global_steps": engine.global_steps, "global_samples": engine.global_samples,
-            "micro_steps": engine.micro_steps, "dp_world_size": engine.dp_world_size,
+def _rank_state(parts: TrainingParts) -> dict[str, Any]:
+    loader = parts.training_dataloader
+    return {**parts.progress.state_dict(), "dp_world_size": parts.dp_world_size,
             "loader": loader.state_dict() if loader is not None else None, "rng": rng.capture()}
 
 
-def _parameters_in_shards(engine: DeepSpeedEngine) -> bool:
-    return engine.optimizer is not None and engine.optimizer.partitions_parameters
+def _parameters_in_shards(parts: TrainingParts) -> bool:
+    return parts.optimizer is not None and parts.optimizer.partitions_parameters
 
 
-def _module_state(engine: DeepSpeedEngine) -> dict[str, torch.Tensor]:
-    # Where the parameters live only in the ZeRO shards (stage 3), the module file keeps its buffers.
-    module = engine.module
-    if _parameters_in_shards(engine):
-        param_names = {name for name, _ in module.named_parameters()}
-        state = {k: v for k, v in module.state_dict().items() if k not in param_names}
-    else:
-        state = module.state_dict()
-    return {k: v.detach().contiguous() for k, v in state.items()}
+def _frozen_names(module: torch.nn.Module) -> list[str]:
+    """Every state_dict key of a parameter with requires_grad False (each name of a shared one)."""
+    return sorted(name for name, param in module.named_parameters(remove_duplicate=False) if not param.requires_grad)
+
+
+def _sharded_names(parts: TrainingParts) -> set[str]:
+    """The parameters the module file leaves to the ZeRO shards: at stage 3, the trained ones (ZeRO
+    partitions what it updates; frozen parameters stay whole in the module and in its file)."""
+    if not _parameters_in_shards(parts):
+        return set()
+    return {name for name, param in parts.module.named_parameters(remove_duplicate=False) if param.requires_grad}
+
+
+def _module_state(parts: TrainingParts, excluded: set[str]) -> dict[str, torch.Tensor]:
+    left_out = _sharded_names(parts) | excluded
+    return {k: v.detach().contiguous() for k, v in parts.module.state_dict().items() if k not in left_out}
 
 
 def _load_common(path: Path) -> dict:
@@ -151,13 +168,17 @@ def _load_common(path: Path) -> dict:
     expected = {"lr_scheduler", "client_state", "dp_world_size", "zero_stage", "global_steps"}
     if not isinstance(common, dict) or not expected <= set(common):
         raise CheckpointLoadError(f"{path}: not a dstrain engine file (expected the keys {sorted(expected)})")
+    excluded = common.get(EXCLUDED_FROZEN, [])
+    if not isinstance(excluded, list) or not all(isinstance(name, str) for name in excluded):
+        raise CheckpointLoadError(f"{path}: {EXCLUDED_FROZEN} must be a list of parameter names, got "
+                                  f"{type(excluded).__name__}")
     return common
 
 
 # ---------------------------------------------------------------------------------------------- load
-def load_checkpoint(engine: DeepSpeedEngine, load_dir, tag: Any, *, load_module_strict: bool,
-                    load_optimizer_states: bool, load_lr_scheduler_states: bool,
-                    load_module_only: bool) -> tuple[str | None, Any]:
+def load_checkpoint(parts: TrainingParts, load_dir, tag: Any, *, load_module_strict: bool,
+                    load_optimizer_states: bool, load_lr_scheduler_states: bool, load_module_only: bool,
+                    custom_load_fn: Callable[..., Any] | None = None) -> tuple[str | None, Any]:
     root = Path(load_dir)
     if tag is None:
         tag = read_latest(root)
@@ -173,18 +194,26 @@ def load_checkpoint(engine: DeepSpeedEngine, load_dir, tag: Any, *, load_module_
     except dszero.CheckpointError as exc:
         raise CheckpointLoadError(f"cannot load checkpoint: {exc}") from None
     common = _load_common(path / COMMON_FILE)
-    _load_module(engine, path, load_module_strict)
-    if load_module_only or engine.optimizer is None:
-        if engine.optimizer is not None:
-            _masters_from(engine, path)
-        dscomm.barrier(group=engine.data_parallel_group)
+    if custom_load_fn is not None and not callable(custom_load_fn):
+        raise TypeError(f"load_checkpoint(custom_load_fn=...) must be callable as custom_load_fn(src=<state dict>, "
+                        f"dst=<module>), got {type(custom_load_fn).__name__}")
+    if custom_load_fn is not None:
+        _custom_load_module(parts, path, custom_load_fn)
+    else:
+        _load_module(parts, path, common, load_module_strict)
+    optimizer = parts.optimizer
+    if load_module_only or optimizer is None:
+        # The weights just loaded become the masters; at stage 3 a custom load already wrote them through.
+        if optimizer is not None and not (custom_load_fn is not None and _parameters_in_shards(parts)):
+            _masters_from(parts, path)
+        dscomm.barrier(group=parts.data_parallel_group)
         return str(path), common["client_state"]
-    engine.optimizer.load(path / ZERO_DIR, load_optimizer_states=load_optimizer_states)
-    if load_lr_scheduler_states and engine.lr_scheduler is not None and common["lr_scheduler"] is not None:
-        engine.lr_scheduler.load_state_dict(common["lr_scheduler"])
-    _load_rank_state(engine, path, common)
-    dscomm.barrier(group=engine.data_parallel_group)
-    log_on_rank0(engine.global_rank, f"loaded checkpoint {path} (step {engine.global_steps})")
+    optimizer.load(path / ZERO_DIR, load_optimizer_states=load_optimizer_states)
+    if load_lr_scheduler_states and parts.lr_scheduler is not None and common["lr_scheduler"] is not None:
+        parts.lr_scheduler.load_state_dict(common["lr_scheduler"])
+    _load_rank_state(parts, path, common)
+    dscomm.barrier(group=parts.data_parallel_group)
+    log_on_rank0(parts.global_rank, f"loaded checkpoint {path} (step {parts.progress.global_steps})")
     return str(path), common["client_state"]
 
 
@@ -213,15 +242,11 @@ def _checkpoint_path(root: Path, tag: str) -> Path:
                               f"{', '.join(tags) or 'none'}")
 
 
-def _load_module(engine: DeepSpeedEngine, path: Path, strict: bool) -> None:
+def _load_module(parts: TrainingParts, path: Path, common: dict, strict: bool) -> None:
     saved = dsaio.load_state_dict(path / MODEL_FILE)
-    module = engine.module
-    current = module.state_dict()
-    if _parameters_in_shards(engine):
-        param_names = {name for name, _ in module.named_parameters()}
-        expected = {k for k in current if k not in param_names}
-    else:
-        expected = set(current)
+    current = parts.module.state_dict()
+    # What the file should hold: everything but the shards' parameters and those the save excluded as frozen.
+    expected = set(current) - _sharded_names(parts) - set(common.get(EXCLUDED_FROZEN) or [])
     missing, unexpected = sorted(expected - set(saved)), sorted(set(saved) - expected)
     if strict and (missing or unexpected):
         raise CheckpointLoadError(f"{path / MODEL_FILE} does not match the model: missing {missing[:5]}"
@@ -237,53 +262,63 @@ def _load_module(engine: DeepSpeedEngine, path: Path, strict: bool) -> None:
                 current[name].copy_(value)
 
 
-def _masters_from(engine: DeepSpeedEngine, path: Path) -> None:
+def _custom_load_module(parts: TrainingParts, path: Path, load_fn: Callable[..., Any]) -> None:
+    """DeepSpeed's custom_load_fn(src=<the saved module state>, dst=<the module>), in place of the
+    module's own loading. At stage 3 `src` also holds the trained parameters, in fp32 from the ZeRO
+    shards, and the function runs with the parameters gathered; the first data-parallel rank's result
+    is kept on every rank."""
+    src = dsaio.load_state_dict(path / MODEL_FILE)
+    if _parameters_in_shards(parts):
+        src = {**dszero.get_fp32_state_dict_from_zero_checkpoint(path / ZERO_DIR), **src}
+    with dszero.GatheredParameters(list(parts.module.parameters()), modifier_rank=0):
+        load_fn(src=src, dst=parts.module)
+
+
+def _masters_from(parts: TrainingParts, path: Path) -> None:
     """The ZeRO master weights after a module-only load."""
-    if _parameters_in_shards(engine):
-        engine.optimizer.load(path / ZERO_DIR, load_optimizer_states=False)
+    if _parameters_in_shards(parts):
+        parts.optimizer.load(path / ZERO_DIR, load_optimizer_states=False)
     else:
-        engine.optimizer.masters_from_module()  # the module's weights, just loaded, are the truth
+        parts.optimizer.masters_from_module()  # the module's weights, just loaded, are the truth
 
 
-def _load_rank_state(engine: DeepSpeedEngine, path: Path, common: dict) -> None:
-    dp_rank = torch.distributed.get_rank(engine.data_parallel_group)
-    same_world = common["dp_world_size"] == engine.dp_world_size
-    state = dsaio.load_state_dict(path / engine_file(dp_rank if same_world else 0))
-    engine.global_steps = int(state["global_steps"])
-    engine.global_samples = int(state["global_samples"])
-    engine.micro_steps = int(state["micro_steps"])
-    loader = engine.training_dataloader
+def _load_rank_state(parts: TrainingParts, path: Path, common: dict) -> None:
+    same_world = common["dp_world_size"] == parts.dp_world_size
+    state = dsaio.load_state_dict(path / engine_file(parts.dp_rank if same_world else 0))
+    parts.progress.load_state_dict(state)
+    loader = parts.training_dataloader
     if loader is not None and state["loader"] is not None:
         position = dict(state["loader"])
         if not same_world:  # the same number of samples consumed, in batches of the new world size
             consumed = position["batches_taken"] * common["dp_world_size"]
-            position["batches_taken"] = consumed // engine.dp_world_size
+            position["batches_taken"] = consumed // parts.dp_world_size
         loader.load_state_dict(position)
     if same_world:
         rng.restore(state["rng"])
 
 
 # ---------------------------------------------------------------------------------------------- 16-bit
-def save_16bit_model(engine: DeepSpeedEngine, save_dir, save_filename: str) -> bool:
+def save_16bit_model(parts: TrainingParts, save_dir, save_filename: str, *,
+                     exclude_frozen_parameters: bool = False) -> bool:
     """The module's weights in its training dtype, as one file on rank 0 (torch format for .bin/.pt,
-    safetensors otherwise). At stage 3 this needs stage3_gather_16bit_weights_on_model_save."""
-    module = engine.module
-    rank = torch.distributed.get_rank(engine.data_parallel_group)
+    safetensors otherwise); exclude_frozen_parameters leaves out those with requires_grad False. At
+    stage 3 this needs stage3_gather_16bit_weights_on_model_save."""
+    module = parts.module
+    rank = parts.dp_rank
     target = Path(save_dir) / save_filename
-    if _parameters_in_shards(engine):
-        if not engine._config.zero_optimization.stage3_gather_16bit_weights_on_model_save:
-            warnings.warn("save_16bit_model at ZeRO stage 3 needs zero_optimization."
-                          "stage3_gather_16bit_weights_on_model_save: true; nothing saved", stacklevel=3)
-            return False
-        with dszero.GatheredParameters(list(module.parameters())):
-            state = {k: v.detach().clone() for k, v in module.state_dict().items()} if rank == 0 else None
-    else:
-        state = {k: v.detach().clone() for k, v in module.state_dict().items()} if rank == 0 else None
+    if _parameters_in_shards(parts) and not parts.config.zero_optimization.stage3_gather_16bit_weights_on_model_save:
+        warnings.warn("save_16bit_model at ZeRO stage 3 needs zero_optimization."
+                      "stage3_gather_16bit_weights_on_model_save: true; nothing saved", stacklevel=3)
+        return False
+    left_out = set(_frozen_names(module)) if exclude_frozen_parameters else set()
+    with dszero.GatheredParameters(list(module.parameters())):  # stages 0-2: the parameters pass through
+        state = {k: v.detach().clone() for k, v in module.state_dict().items() if k not in left_out} \
+            if rank == 0 else None
     if rank == 0:
         target.parent.mkdir(parents=True, exist_ok=True)
         if target.suffix in (".bin", ".pt", ".pth"):
             torch.save(state, target)  # the format Hugging Face's from_pretrained reads
         else:
             dsaio.save(state, target)
-    dscomm.barrier(group=engine.data_parallel_group)
+    dscomm.barrier(group=parts.data_parallel_group)
     return True

@@ -1,19 +1,19 @@
-"""Everything the engine reports around the loop: the steps_per_print line, monitor events, the
-wall-clock breakdown and the flops profile at `flops_profiler.profile_step`."""
+"""Everything reported around the training loop: the steps_per_print line, monitor events, the
+wall-clock breakdown and the flops profile at `flops_profiler.profile_step`. It reads the progress
+counters, the module and the optimizers it is handed, nothing else."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 
 import dsmonitor
+from dsconfig import DeepSpeedConfig, FlopsProfilerConfig
 from dsmonitor import events
 
 from .logs import log_on_rank0
-
-if TYPE_CHECKING:
-    from .engine import DeepSpeedEngine
+from .progress import TrainingProgress
 
 BREAKDOWN = (events.FORWARD_GLOBAL_TIMER, events.BACKWARD_GLOBAL_TIMER, events.BACKWARD_INNER_GLOBAL_TIMER,
              events.BACKWARD_REDUCE_GLOBAL_TIMER, events.STEP_GLOBAL_TIMER)
@@ -30,20 +30,44 @@ class _NullTimer:
 _NULL_TIMER = _NullTimer()
 
 
+def learning_rates(optimizer: Any) -> list[float]:
+    """Each parameter group's learning rate (what get_lr() reports)."""
+    return [group["lr"] for group in optimizer.param_groups] if optimizer is not None else []
+
+
+def momenta(optimizer: Any) -> list[Any]:
+    """Each parameter group's betas or momentum (what get_mom() reports)."""
+    if optimizer is None:
+        return []
+    return [group.get("betas", group.get("momentum")) for group in optimizer.param_groups]
+
+
 class StepReporter:
-    def __init__(self, engine: DeepSpeedEngine):
-        cfg = engine._config
-        self.engine = engine
-        self.rank = engine.global_rank
-        self.steps_per_print = cfg.steps_per_print
-        self.profiler_cfg = cfg.flops_profiler
-        self.breakdown = cfg.wall_clock_breakdown or cfg.flops_profiler.enabled
+    """Reports for `module` trained with `progress`; `after_step` is handed the optimizers of the step."""
+
+    def __init__(self, *, rank: int, module: torch.nn.Module, progress: TrainingProgress, fp16: bool,
+                 steps_per_print: int, wall_clock_breakdown: bool, flops_profiler: FlopsProfilerConfig,
+                 monitor: dsmonitor.MonitorMaster):
+        self.rank = rank
+        self.module = module
+        self.progress = progress
+        self.fp16 = fp16
+        self.steps_per_print = steps_per_print
+        self.profiler_cfg = flops_profiler
+        self.breakdown = wall_clock_breakdown or flops_profiler.enabled
         self.timers = dsmonitor.SynchronizedWallClockTimer(synchronize=torch.cuda.is_available()) \
             if self.breakdown else None
-        self.monitor = dsmonitor.MonitorMaster.from_config(cfg, rank=self.rank)
+        self.monitor = monitor
         self.profiler = None
         self._loss_sum: torch.Tensor | None = None
         self._loss_count = 0
+
+    @classmethod
+    def from_config(cls, cfg: DeepSpeedConfig, *, rank: int, module: torch.nn.Module, progress: TrainingProgress,
+                    fp16: bool) -> StepReporter:
+        return cls(rank=rank, module=module, progress=progress, fp16=fp16, steps_per_print=cfg.steps_per_print,
+                   wall_clock_breakdown=cfg.wall_clock_breakdown, flops_profiler=cfg.flops_profiler,
+                   monitor=dsmonitor.MonitorMaster.from_config(cfg, rank=rank))
 
     # ------------------------------------------------------------------ timers
     def timer(self, name: str):
@@ -52,9 +76,9 @@ class StepReporter:
     # ------------------------------------------------------------------ per micro-step
     def before_forward(self) -> None:
         cfg = self.profiler_cfg
-        if cfg.enabled and self.rank == 0 and self.engine.global_steps + 1 == cfg.profile_step \
+        if cfg.enabled and self.rank == 0 and self.progress.global_steps + 1 == cfg.profile_step \
                 and self.profiler is None:
-            self.profiler = dsmonitor.FlopsProfiler(self.engine.module, ds_engine=self.engine)
+            self.profiler = dsmonitor.FlopsProfiler(self.module)
             self.profiler.start_profile()
 
     def record_loss(self, loss: torch.Tensor) -> None:
@@ -63,24 +87,26 @@ class StepReporter:
         self._loss_count += 1
 
     # ------------------------------------------------------------------ per optimizer step
-    def after_step(self) -> None:
-        engine = self.engine
-        step, samples = engine.global_steps, engine.global_samples
+    def after_step(self, optimizer: Any, basic_optimizer: Any) -> None:
+        """After an optimizer step: `optimizer` the ZeRO optimizer (loss scale, skipped steps),
+        `basic_optimizer` the one whose parameter groups hold the learning rates."""
+        step, samples = self.progress.global_steps, self.progress.global_samples
         if self.monitor.enabled:
-            lrs = engine.get_lr()
+            lrs = learning_rates(basic_optimizer)
             batch = [(events.LR, lrs[0], samples)] if lrs else []
             if self._loss_sum is not None:
                 batch.append((events.TRAIN_LOSS, (self._loss_sum / self._loss_count).item(), samples))
-            if engine.fp16_enabled():
-                batch.append((events.LOSS_SCALE, engine.loss_scale, samples))
+            if self.fp16:
+                batch.append((events.LOSS_SCALE, optimizer.loss_scale, samples))
             if self.timers is not None:
                 batch += self.timers.events(samples)
             self.monitor.write_events(batch)
         self._loss_sum, self._loss_count = None, 0
         if step % self.steps_per_print == 0:
-            line = f"step={step}, skipped={engine.skipped_steps}, lr={engine.get_lr()}, mom={engine.get_mom()}"
-            if engine.fp16_enabled():
-                line += f", loss_scale={engine.loss_scale}"
+            line = (f"step={step}, skipped={optimizer.skipped_steps}, lr={learning_rates(basic_optimizer)}, "
+                    f"mom={momenta(basic_optimizer)}")
+            if self.fp16:
+                line += f", loss_scale={optimizer.loss_scale}"
             log_on_rank0(self.rank, line)
             if self.timers is not None:
                 self.timers.log(BREAKDOWN, reset=False, ranks=[0])

@@ -1,0 +1,182 @@
+"""The parts an engine trains with, built from the config in one place and one order: device and
+precision, the module's starting weights, the optimizer wrapped by ZeRO over the data-parallel group,
+the scheduler, the data loader, the progress counters and the reporter. Every engine (the plain one,
+a pipeline one beside it) is built from these parts; checkpoints and reporting take the parts, not
+an engine."""
+
+from __future__ import annotations
+
+import gc
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+import dscomm
+import dszero
+from dsconfig import ConfigError, DeepSpeedConfig, Problem
+
+from . import checkpointing
+from .dataloader import DeepSpeedDataLoader
+from .precision_setup import PrecisionSetup
+from .progress import TrainingProgress
+from .step_reporting import StepReporter
+from .tensorwise import TensorwiseOnFlat, needs_whole_tensors
+
+
+@dataclass(eq=False)
+class TrainingParts:
+    """What one engine trains with. `optimizer`, `lr_scheduler` and `training_dataloader` may be None
+    (no optimizer given, no scheduler, no training data); an engine may replace them as DeepSpeed allows."""
+
+    config: DeepSpeedConfig
+    module: torch.nn.Module
+    device: torch.device
+    precision: PrecisionSetup
+    basic_optimizer: Any  # what schedulers and get_lr() see: the torch optimizer (or its whole-tensor adapter)
+    optimizer: dszero.ZeroOptimizer | None
+    lr_scheduler: Any
+    training_dataloader: DeepSpeedDataLoader | None
+    progress: TrainingProgress
+    reporter: StepReporter
+    data_parallel_group: Any
+    global_rank: int
+    dp_rank: int
+    dp_world_size: int
+    groups: Any = None  # dscomm.ParallelGroups, where initialize() built the layout
+    gc_disabled: bool = False
+
+    def close(self) -> None:
+        """Close the monitors and give the garbage collector back."""
+        self.reporter.close()
+        if self.gc_disabled:
+            gc.enable()
+            self.gc_disabled = False
+
+
+def build_training_parts(model: torch.nn.Module, config: DeepSpeedConfig, *, optimizer: Any = None,
+                         model_parameters: Any = None, training_data: Any = None, lr_scheduler: Any = None,
+                         collate_fn: Any = None, data_parallel_group: Any = None, groups: Any = None) -> TrainingParts:
+    """The parts for `model`, trained data-parallel over `data_parallel_group` (None: the whole world).
+
+    `optimizer` and `lr_scheduler` are the client's (an object or a callable that builds one), or
+    None to build them from the config; giving both a client's and a config's is an error.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"initialize(model=...) must be a torch.nn.Module, got {type(model).__name__}")
+    dp_rank = torch.distributed.get_rank(data_parallel_group)
+    dp_world_size = torch.distributed.get_world_size(data_parallel_group)
+    device = training_device(dscomm.get_local_rank())
+    precision = PrecisionSetup(config, device)
+    # The order matters: the module reaches its device and dtype before ZeRO flattens its parameters,
+    # and every rank holds rank 0's weights before ZeRO copies them into its masters.
+    model.to(device)
+    precision.prepare_module(model)
+    if config.comms_logger.enabled:
+        dscomm.configure(config.comms_logger)
+    if not checkpointing.is_configured():  # the config's activation_checkpointing section, until the script's own
+        checkpointing.configure(None, deepspeed_config=config)
+    broadcast_module_state(model, data_parallel_group)
+    basic = _basic_optimizer(config, optimizer, model_parameters if model_parameters is not None else model.parameters())
+    zero = None
+    if basic is not None:
+        basic, zero = _zero_optimizer(config, model, basic, precision, data_parallel_group)
+    scheduler = _scheduler(config, lr_scheduler, basic)
+    loader = None
+    if training_data is not None:
+        loader = DeepSpeedDataLoader(training_data, config.train_micro_batch_size_per_gpu,
+                                     rank=dp_rank, world_size=dp_world_size,
+                                     collate_fn=collate_fn, drop_last=config.dataloader_drop_last)
+    progress = TrainingProgress()
+    reporter = StepReporter.from_config(config, rank=dscomm.get_rank(), module=model, progress=progress,
+                                        fp16=precision.fp16)
+    parts = TrainingParts(config=config, module=model, device=device, precision=precision, basic_optimizer=basic,
+                          optimizer=zero, lr_scheduler=scheduler, training_dataloader=loader, progress=progress,
+                          reporter=reporter, data_parallel_group=data_parallel_group, global_rank=dscomm.get_rank(),
+                          dp_rank=dp_rank, dp_world_size=dp_world_size, groups=groups)
+    if config.disable_python_gc:  # last, so a failed build leaves the collector on
+        gc.disable()
+        parts.gc_disabled = True
+    return parts
+
+
+def training_device(local_rank: int) -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def broadcast_module_state(module: torch.nn.Module, group: Any) -> None:
+    """Every rank of `group` starts from its first rank's weights and buffers (ZeRO re-broadcasts the
+    flat groups it builds)."""
+    if torch.distributed.get_world_size(group) == 1:
+        return
+    src = torch.distributed.get_global_rank(group, 0) if group is not None else 0
+    with torch.no_grad():
+        for tensor in [*module.parameters(), *module.buffers()]:
+            if tensor.numel():
+                dscomm.broadcast(tensor.data, src, group=group, log_name="engine_broadcast")
+
+
+def _basic_optimizer(config: DeepSpeedConfig, client: Any, params: Any) -> torch.optim.Optimizer | None:
+    section = config.optimizer
+    if client is not None and section is not None:
+        raise ConfigError(Problem("optimizer", f"initialize() was given an optimizer ({type(client).__name__}) "
+                                               f"and the config names one ({section.type}); keep one of them"))
+    if client is None:
+        if section is None:
+            return None
+        from .optim_factory import build_optimizer
+
+        return build_optimizer(section, params)
+    if isinstance(client, torch.optim.Optimizer):
+        return client
+    if callable(client):
+        built = client(params)
+        if not isinstance(built, torch.optim.Optimizer):
+            raise TypeError(f"the optimizer callable returned {type(built).__name__}, not a torch.optim.Optimizer")
+        return built
+    raise TypeError(f"initialize(optimizer=...) must be a torch.optim.Optimizer or a callable that builds one "
+                    f"from the parameters, got {type(client).__name__}")
+
+
+def _zero_optimizer(config: DeepSpeedConfig, module: torch.nn.Module, basic: torch.optim.Optimizer,
+                    precision: PrecisionSetup, group: Any) -> tuple[Any, dszero.ZeroOptimizer]:
+    """(what schedulers see, the ZeRO optimizer): whole-tensor optimizers (Lamb, Muon) run through an
+    adapter over ZeRO's flat groups, and the scheduler drives the adapter."""
+    clipping = config.gradient_clipping if isinstance(config.gradient_clipping, (int, float)) else 0.0
+    tensorwise = TensorwiseOnFlat(basic) if needs_whole_tensors(basic) else None
+    if tensorwise is not None:
+        tensorwise.check_stage(config.zero_optimization.stage, type(basic).__name__)
+    zero = dszero.ZeroOptimizer(
+        module, tensorwise or basic, config.zero_optimization, precision=precision.precision,
+        gradient_clipping=float(clipping), group=group, aio=config.aio.handle_kwargs(),
+        gradient_average=config.gradient_allreduce_op == "mean", grad_accum_dtype=precision.grad_accum_dtype,
+        gradient_predivide_factor=config.gradient_predivide_factor, prescale_gradients=config.prescale_gradients,
+        communication_dtype=precision.communication_dtype)
+    if tensorwise is not None:
+        tensorwise.bind(zero.groups)
+        return tensorwise, zero
+    return basic, zero
+
+
+def _scheduler(config: DeepSpeedConfig, client: Any, optimizer: Any) -> Any:
+    section = config.scheduler
+    if client is not None and section is not None:
+        raise ConfigError(Problem("scheduler", f"initialize() was given an lr_scheduler ({type(client).__name__}) "
+                                               f"and the config names one ({section.type}); keep one of them"))
+    if client is None:
+        if section is None:
+            return None
+        if optimizer is None:
+            raise ConfigError(Problem("scheduler", "a scheduler needs an optimizer: add an optimizer section "
+                                                   "or pass optimizer= to initialize()"))
+        from .optim_factory import build_scheduler
+
+        return build_scheduler(section, optimizer)
+    if hasattr(client, "step") and hasattr(client, "state_dict"):
+        return client
+    if callable(client):
+        return client(optimizer)
+    raise TypeError(f"initialize(lr_scheduler=...) must be a scheduler or a callable that builds one from the "
+                    f"optimizer, got {type(client).__name__}")
