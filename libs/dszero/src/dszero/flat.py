@@ -7,6 +7,8 @@ training keeps no second copy) and the gradient storage of the stage.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from .layout import GroupLayout
@@ -14,12 +16,20 @@ from .offload.pinned import host_copy
 
 
 class FlatGroup:
+    """`group` is the process group its gradients are reduced over (and, at stages 1-2, partitioned over);
+    `average_over` what a summed gradient is divided by (None: the group's size); `norm_replicas` how
+    many ranks of the norm group hold identical copies of these gradients besides the group itself."""
+
     def __init__(self, params: list[torch.nn.Parameter], names: list[str], layout: GroupLayout, shard_rank: int,
-                 master_dtype: torch.dtype, offload: bool = False, pin_memory: bool = False):
+                 master_dtype: torch.dtype, offload: bool = False, pin_memory: bool = False, *, group: Any = None,
+                 average_over: int | None = None, norm_replicas: int = 1):
         self.params = params
         self.names = names
         self.layout = layout
         self.shard_rank = shard_rank
+        self.group = group
+        self.average_over = average_over
+        self.norm_replicas = norm_replicas
         self.dtype = params[0].dtype
         device = params[0].device
         self.model_flat = torch.zeros(layout.padded_numel, dtype=self.dtype, device=device)

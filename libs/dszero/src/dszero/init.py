@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 import dscomm
-from dsconfig import OffloadParamConfig, ZeroConfig
+from dsconfig import OffloadParamConfig, ZeroConfig, resolve_auto
 
 from .errors import ZeroConfigError
 from .offload.param_homes import ParamHomes
@@ -179,5 +179,5 @@ def _offload(zero: ZeroConfig | None, remote_device: str | None, pin_memory: boo
         if configured is None or configured.device != "nvme":
             raise ZeroConfigError("dszero.Init(remote_device='nvme') needs a config whose "
                                   "zero_optimization.offload_param has device 'nvme' and an nvme_path")
-        return configured
+        return resolve_auto(configured)
     raise ZeroConfigError(f"dszero.Init: remote_device = {remote_device!r}; valid: None, 'cpu', 'nvme'")

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 import dscomm
-from dsconfig import ZeroConfig
+from dsconfig import ZeroConfig, resolve_auto
 
 from .errors import ZeroConfigError, ZeroError
 from .flat import FlatGroup
@@ -46,14 +46,32 @@ class ZeroOptimizer:
     prescale_gradients: divide local gradients by the world size before the reduction (then summed).
     communication_dtype: the dtype gradients are reduced in (the reference's communication_data_type);
         None: the accumulation dtype. Stages 0-2.
+    norm_group: the ranks that decide together on the gradient norm, clipping and an fp16 overflow
+        skip (default `group`). Give every rank of the model (pipeline stages, tensor shards) so that
+        they clip by one norm and skip the same steps.
+
+    Parameter groups may carry (popped at wrap time, so the optimizer's own groups stay plain data):
+    "process_group": partition and reduce this group over it instead of `group` (e.g. experts over
+        their expert-data-parallel group); "gradient_average_over": divide its summed gradients by
+        this instead of the process group's size (experts: the data-parallel size);
+        "norm_replicas": how many ranks of `norm_group` hold identical copies of its gradients besides
+        the group itself (tensor-replicated weights: the tensor degree; a tied pipeline weight: its
+        stages), so the norm counts them once.
+
+    Controls for schedules that run many backward passes per step (pipelines):
+    `require_gradient_sync(False)` makes backward passes accumulate locally and communicate nothing;
+    `finish_backward()` says the step's gradients are complete and reduces them (step() calls it).
     """
+
+    GROUP_KEYS = ("process_group", "gradient_average_over", "norm_replicas")
 
     def __init__(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer, config: ZeroConfig | None = None,
                  *, precision: Precision | str | None = None, gradient_clipping: float = 0.0, group: Any = None,
                  aio: Any = None, gradient_average: bool = True, grad_accum_dtype: torch.dtype | None = None,
                  gradient_predivide_factor: float = 1.0, prescale_gradients: bool = False,
-                 communication_dtype: torch.dtype | None = None):
-        self.config = config or ZeroConfig()
+                 communication_dtype: torch.dtype | None = None, norm_group: Any = None):
+        # Every "auto" tuning knob becomes dsconfig's number: the one table all libraries share.
+        self.config = resolve_auto(config or ZeroConfig())
         self.stage = self.config.stage
         self.precision = Precision.coerce(precision)
         self.gradient_clipping = float(gradient_clipping)
@@ -67,7 +85,10 @@ class ZeroOptimizer:
         if not dscomm.is_initialized():
             dscomm.init_distributed()
         self.process_group = group if group is not None else dscomm.groups.get_data_parallel_group()
+        self.norm_group = norm_group if norm_group is not None else self.process_group
         self.world = dist.get_world_size(self.process_group)
+        self._group_settings = self._take_group_settings(optimizer)
+        self.gradient_sync = True
         self.rank = dist.get_rank(self.process_group)
         self.scaler = self.precision.make_scaler()
         self.communication_dtype = communication_dtype
@@ -80,6 +101,13 @@ class ZeroOptimizer:
         self._undone_at_unscale = 1.0 if prescale else self.pre_scale
         if prescale:
             gradient_average = False
+            odd = [i for i, g in enumerate(self._group_settings)
+                   if (g["average_over"] or dist.get_world_size(g["group"])) != self.world]
+            if odd:
+                raise ZeroConfigError(f"prescale_gradients divides every gradient by the data-parallel size "
+                                      f"{self.world}, but parameter group(s) {odd} are averaged over another number "
+                                      f"of ranks (their own process_group or gradient_average_over); leave "
+                                      f"prescale_gradients off")
         self.global_grad_norm: float | None = None
         self.skipped_steps = 0
         if self.stage != 3 and any(getattr(p, "_dszero_unit", None) is not None for p in module.parameters()):
@@ -97,7 +125,7 @@ class ZeroOptimizer:
             offload = self.config.offload_optimizer
             self.param_homes = ParamHomes(self.config.offload_param, dist.get_rank(), self.aio)
             self.reducer = Stage3(module, optimizer, self.process_group, self.precision.master_torch_dtype,
-                                  threshold if isinstance(threshold, int) else 100_000, gradient_average,
+                                  threshold, gradient_average,
                                   homes=self.param_homes, reuse=self._reuse_policy(), prefetch=self._prefetch_plan(),
                                   master_device=torch.device("cpu") if self.offload else None,
                                   pin_master=bool(self.offload and offload.pin_memory),
@@ -122,6 +150,26 @@ class ZeroOptimizer:
         if self.precision.dtype == "fp32" and self.precision.master_dtype != "fp32":
             raise ZeroConfigError("low-precision master weights need fp16 or bf16 training")
 
+    def _take_group_settings(self, optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
+        """Each param group's process group, divisor and norm replicas (removed from the group)."""
+        settings = []
+        for index, param_group in enumerate(optimizer.param_groups):
+            taken = {key: param_group.pop(key) for key in self.GROUP_KEYS if key in param_group}
+            group = taken.get("process_group", self.process_group)
+            if dist.get_rank(group) < 0:
+                raise ZeroError(f"optimizer param group {index}: this rank ({dist.get_rank()}) is not in its "
+                                f"process_group (ranks {dscomm.groups.get_group_ranks(group)})")
+            for key in ("gradient_average_over", "norm_replicas"):
+                value = taken.get(key)
+                if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                    raise ZeroError(f"optimizer param group {index}: {key} = {value!r} must be a positive integer")
+            if self.stage == 3 and group is not self.process_group:
+                raise ZeroConfigError(f"optimizer param group {index} has its own process_group, which stage 3 does "
+                                      f"not support yet (its units are partitioned over one group); use stage 1 or 2")
+            settings.append({"group": group, "average_over": taken.get("gradient_average_over"),
+                             "norm_replicas": taken.get("norm_replicas", 1)})
+        return settings
+
     def _flatten(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[FlatGroup]:
         if optimizer.state:
             raise ZeroError("the optimizer already has state (it has stepped); wrap it in ZeroOptimizer before the "
@@ -143,13 +191,16 @@ class ZeroOptimizer:
             if len(dtypes) > 1:
                 raise ZeroError(f"optimizer param group {index} mixes dtypes {sorted(map(str, dtypes))}; cast the model "
                                 f"to one dtype (model.to(dtype)) before wrapping")
-            world = self.world if self.stage >= 1 else 1
+            settings = self._group_settings[index]
+            process_group = settings["group"]
+            world = dist.get_world_size(process_group) if self.stage >= 1 else 1
             layout = GroupLayout.build([names[id(p)] for p in params], [p.shape for p in params], world, alignment)
-            shard_rank = self.rank if self.stage >= 1 else 0
+            shard_rank = dist.get_rank(process_group) if self.stage >= 1 else 0
             offload = self.config.offload_optimizer
             flat = FlatGroup(params, [names[id(p)] for p in params], layout, shard_rank,
                              self.precision.master_torch_dtype, offload=self.offload,
-                             pin_memory=bool(offload and offload.pin_memory))
+                             pin_memory=bool(offload and offload.pin_memory), group=process_group,
+                             average_over=settings["average_over"], norm_replicas=settings["norm_replicas"])
             param_group["params"] = [flat.master_param]
             groups.append(flat)
         return groups
@@ -166,34 +217,33 @@ class ZeroOptimizer:
                             f"or choose the matching precision")
 
     def _broadcast_initial_weights(self) -> None:
-        # Every rank starts from rank 0's weights, as DDP does.
-        src = dist.get_global_rank(self.process_group, 0) if self.process_group is not None else 0
+        # Every rank starts from its group's rank 0's weights, as DDP does.
         for flat in self.groups:
-            dscomm.broadcast(flat.model_flat, src, group=self.process_group, log_name="zero_broadcast_weights")
+            if dist.get_world_size(flat.group) > 1:
+                src = dist.get_global_rank(flat.group, 0) if flat.group is not None else 0
+                dscomm.broadcast(flat.model_flat, src, group=flat.group, log_name="zero_broadcast_weights")
             if flat.separate_master:
                 flat.master.copy_(flat.model_shard())
 
     def _reuse_policy(self) -> ReusePolicy:
         cfg = self.config
         distance, live = cfg.stage3_max_reuse_distance, cfg.stage3_max_live_parameters
-        # "auto": the reference's defaults
-        return ReusePolicy(distance if isinstance(distance, int) else 1_000_000_000,
-                           live if isinstance(live, int) else 1_000_000_000)
+        return ReusePolicy(distance, live)
 
     def _prefetch_plan(self) -> PrefetchPlan:
         size = self.config.stage3_prefetch_bucket_size
-        return PrefetchPlan(size if isinstance(size, int) else 50_000_000)  # "auto": the reference's default
+        return PrefetchPlan(size)
 
     def _make_stepper(self) -> InMemoryStep | SwappedStep:
         if self.config.optimizer_offload_device != "nvme":
             return InMemoryStep(self.optimizer, self.groups, self.offload)
         size = self.config.sub_group_size
         return SwappedStep(self.optimizer, self.groups, self.config.offload_optimizer,
-                           size if isinstance(size, int) else 1_000_000_000, dist.get_rank(), self.aio)
+                           size, dist.get_rank(), self.aio)
 
     def _make_reducer(self, average: bool):
         if self.stage <= 1:
-            return FlatReducer(self.groups, self.process_group, partition=self.stage == 1, average=average,
+            return FlatReducer(self.groups, partition=self.stage == 1, average=average,
                                comm_dtype=self.communication_dtype)
         if self.grad_accum_dtype and self.communication_dtype and self.grad_accum_dtype != self.communication_dtype:
             raise ZeroConfigError(f"at stage 2 gradients are reduced in their accumulation dtype: "
@@ -201,8 +251,7 @@ class ZeroOptimizer:
                                   f"data_types.grad_accum_dtype ({self.grad_accum_dtype}) or be left out")
         grad_dtype = self.grad_accum_dtype or self.communication_dtype or self.precision.torch_dtype
         bucket = self.config.reduce_bucket_size
-        bucket = bucket if isinstance(bucket, int) else 500_000_000  # "auto": the reference's default
-        return BucketReducer(self.groups, self.process_group, bucket, self.config.overlap_comm, average, grad_dtype)
+        return BucketReducer(self.groups, bucket, self.config.overlap_comm, average, grad_dtype)
 
     # ------------------------------------------------------------------ training
     @property
@@ -241,8 +290,34 @@ class ZeroOptimizer:
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.reducer.zero()
 
+    # ------------------------------------------------------------------ controls for schedules
+    def require_gradient_sync(self, enabled: bool) -> None:
+        """False: the following backward passes accumulate gradients locally and communicate nothing (a
+        pipeline's many micro-batches); True (the default): reduce as each backward runs, as DeepSpeed does."""
+        if not enabled and self.stage == 3:
+            raise ZeroError("require_gradient_sync(False) at ZeRO stage 3: stage 3 reduce-scatters each unit's "
+                            "gradient as its backward runs and keeps no full gradients to accumulate into; use "
+                            "stage 0, 1 or 2 for schedules that hold gradient sync back")
+        self.gradient_sync = bool(enabled)
+        self.reducer.set_sync(self.gradient_sync)
+
+    def finish_backward(self) -> None:
+        """The step's gradients are complete: reduce whatever accumulated and wait for every reduction.
+        Idempotent; step() calls it."""
+        self.reducer.finish_backward()
+
+    def tensor_views(self, group_index: int) -> list[tuple[str, torch.Tensor]]:
+        """(name, view) of every parameter in one group's flat master weights, for optimizers whose
+        update needs whole tensors (Lamb, Muon). Needs the group unpartitioned (stage 0)."""
+        flat = self.groups[group_index]
+        if self.stage != 0:
+            raise ZeroError(f"tensor_views needs whole tensors on every rank; at stage {self.stage} each rank holds "
+                            f"a flat shard that cuts tensors apart")
+        return [(slot.name, flat.master[slot.offset:slot.end].view(slot.shape)) for slot in flat.layout.slots]
+
     def step(self) -> bool:
         """Reduce gradients, then update: returns False when the step was skipped for an fp16 overflow."""
+        self.finish_backward()
         shards = self.reducer.reduce()
         # To the master's dtype and device (the CPU under optimizer offload); a copy whenever either differs.
         grads = [shard.to(device=flat.master.device, dtype=flat.master.dtype) for shard, flat in zip(shards, self.groups)]
@@ -250,12 +325,7 @@ class ZeroOptimizer:
         if unscale != 1.0:
             for grad in grads:
                 grad.div_(unscale)
-        sq_sum, finite = self._local_norm_and_finite(grads)
-        stats = torch.tensor([sq_sum, 0.0 if finite else 1.0], dtype=torch.float64)
-        if self.stage >= 1 and self.world > 1:
-            summed = stats.clone()
-            dscomm.all_reduce(summed, group=self.process_group, log_name="zero_grad_norm")
-            stats = summed
+        stats = self._norm_and_overflow(grads)
         overflow = stats[1].item() > 0
         if overflow:
             self.scaler.update(True)
@@ -275,11 +345,37 @@ class ZeroOptimizer:
         self.reducer.zero()
         return True
 
-    def _local_norm_and_finite(self, grads: list[torch.Tensor]) -> tuple[float, bool]:
-        # One fused pass per shard (no float64 copy); any inf/nan makes the sum non-finite.
-        norms = [torch.linalg.vector_norm(grad, dtype=torch.float32) for grad in grads if grad.numel()]
-        sq_sum = float(sum(n.item() ** 2 for n in norms))
-        return sq_sum, math.isfinite(sq_sum)
+    def _norm_and_overflow(self, grads: list[torch.Tensor]) -> torch.Tensor:
+        """[squared global gradient norm, overflow flag], the same on every rank of the norm group.
+
+        Each group's squared norm is divided by how many ranks of the norm group hold the same values
+        (its own replicas at stage 0, plus its norm_replicas), so one all-reduce counts each once.
+        """
+        local = self._norm_is_local() or dist.get_world_size(self.norm_group) == 1
+        sq_sum, finite = 0.0, True
+        for grad, flat in zip(grads, self.groups):
+            if not grad.numel():
+                continue
+            # One fused pass per shard (no float64 copy); any inf/nan makes the sum non-finite.
+            value = torch.linalg.vector_norm(grad, dtype=torch.promote_types(grad.dtype, torch.float32)).item() ** 2
+            finite = finite and math.isfinite(value)
+            sq_sum += value if local else value / self._replicas(flat)
+        stats = torch.tensor([sq_sum if finite else 0.0, 0.0 if finite else 1.0], dtype=torch.float64)
+        if not local:
+            dscomm.all_reduce(stats, group=self.norm_group, log_name="zero_grad_norm")
+        return stats
+
+    def _replicas(self, flat: Any) -> int:
+        replicas = getattr(flat, "norm_replicas", 1)
+        if self.stage == 0:
+            replicas *= dist.get_world_size(getattr(flat, "group", self.process_group))
+        return replicas
+
+    def _norm_is_local(self) -> bool:
+        # Plain stage 0 over the norm group: every rank already holds the same reduced gradients.
+        return self.stage == 0 and self.norm_group is self.process_group and all(
+            getattr(f, "group", self.process_group) is self.process_group and getattr(f, "norm_replicas", 1) == 1
+            for f in self.groups)
 
     def _share_updated_weights(self) -> None:
         """After the masters changed outside a step (loading): into the model shards, then to every rank."""
@@ -292,8 +388,8 @@ class ZeroOptimizer:
         for flat in self.groups:
             if self.stage == 3:
                 flat.refresh()  # units that stay gathered show the new weights
-            elif self.stage in (1, 2) and self.world > 1:
-                gather_shards(flat.model_flat, flat.model_shard(), self.process_group, log_name="zero_allgather_params")
+            elif self.stage in (1, 2) and dist.get_world_size(flat.group) > 1:
+                gather_shards(flat.model_flat, flat.model_shard(), flat.group, log_name="zero_allgather_params")
 
     def get_global_grad_norm(self) -> float | None:
         """The gradient norm of the last step (before clipping); inf when it overflowed."""
@@ -341,6 +437,23 @@ class ZeroOptimizer:
 
         with self.stepper.resident(write_back=True):
             load(self, directory, load_optimizer_states)
+
+    def effective_settings(self) -> dict[str, int]:
+        """The tuning knobs this optimizer runs with, read from the parts that use them (config paths
+        under zero_optimization), after dsconfig resolved any "auto": what to check a config against."""
+        used: dict[str, int] = {}
+        if self.stage == 2:
+            used["reduce_bucket_size"] = self.reducer.bucket_numel
+        if self.stage == 3:
+            used.update(stage3_prefetch_bucket_size=self.reducer.prefetch.bucket,
+                        stage3_max_reuse_distance=self.reducer.reuse.max_reuse_distance,
+                        stage3_max_live_parameters=self.reducer.reuse.max_live,
+                        stage3_param_persistence_threshold=self.reducer.persistence_threshold)
+        if self.param_homes is not None and self.param_homes.device == "nvme":
+            used["offload_param.buffer_size"] = self.param_homes._buffer_numel()
+        if self.config.optimizer_offload_device == "nvme":
+            used["sub_group_size"] = self.stepper.sub_group_size
+        return used
 
     # ------------------------------------------------------------------ memory
     def memory_report(self) -> dict[str, int]:

@@ -11,7 +11,8 @@ from dsconfig import BF16Config, FP16Config
 
 from .errors import ZeroConfigError
 
-_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+# fp64 is for exact tests (a parallel layout against one process, to the last bit); its masters stay fp64.
+_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "fp64": torch.float64}
 
 
 @attrs.frozen
@@ -37,7 +38,10 @@ class Precision:
     def __attrs_post_init__(self) -> None:
         for name in ("dtype", "master_dtype", "optimizer_state_dtype"):
             if getattr(self, name) not in _DTYPES:
-                raise ZeroConfigError(f"Precision.{name} = {getattr(self, name)!r}; valid: fp32, fp16, bf16")
+                raise ZeroConfigError(f"Precision.{name} = {getattr(self, name)!r}; valid: fp32, fp16, bf16, fp64")
+        if self.dtype == "fp64":
+            object.__setattr__(self, "master_dtype", "fp64")
+            object.__setattr__(self, "optimizer_state_dtype", "fp64")
 
     @classmethod
     def from_config(cls, fp16: FP16Config | None = None, bf16: BF16Config | None = None) -> Precision:

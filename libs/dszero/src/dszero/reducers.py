@@ -24,15 +24,16 @@ from .wire import reduce_scatter
 
 
 class FlatReducer:
-    """Stages 0 and 1: `.grad` of every parameter is a view of one flat buffer per group."""
+    """Stages 0 and 1: `.grad` of every parameter is a view of one flat buffer per group.
 
-    def __init__(self, groups: list[FlatGroup], process_group: Any, partition: bool, average: bool,
-                 comm_dtype: torch.dtype | None = None):
+    Gradients accumulate in those buffers over any number of backward passes and are reduced only at
+    the step, so the gradient-sync controls have nothing to hold back here.
+    """
+
+    def __init__(self, groups: list[FlatGroup], partition: bool, average: bool, comm_dtype: torch.dtype | None = None):
         self.groups = groups
         self.comm_dtype = comm_dtype
-        self.process_group = process_group
         self.partition = partition
-        self.world = dist.get_world_size(process_group)
         self.average = average
         self.grad_flats = []
         for group in groups:
@@ -44,29 +45,41 @@ class FlatReducer:
         self.shard_outs = [torch.zeros(g.shard_numel, dtype=g.dtype, device=g.model_flat.device)
                            for g in groups] if partition else []
 
+    def set_sync(self, enabled: bool) -> None:
+        pass  # nothing is communicated before the step anyway
+
+    def finish_backward(self) -> None:
+        pass
+
     def reduce(self) -> list[torch.Tensor]:
         """This rank's reduced gradient shard of each group (model dtype)."""
         shards = []
         for group, flat in zip(self.groups, self.grad_flats):
             self._reattach(group, flat)
-            # Averaging inside the collective saves a pass over the gradients.
-            op = dscomm.ReduceOp.AVG if self.average and self.world > 1 else dscomm.ReduceOp.SUM
+            world = dist.get_world_size(group.group)
+            divisor = (group.average_over or world) if self.average else 1
+            # Averaging inside the collective saves a pass over the gradients (when it divides by the group).
+            inside = divisor == world and world > 1
+            op = dscomm.ReduceOp.AVG if inside else dscomm.ReduceOp.SUM
             # communication_data_type: reduce a cast copy, then bring the result back to the gradients' dtype.
             wire = flat if self.comm_dtype in (None, flat.dtype) else flat.to(self.comm_dtype)
             if self.partition:
                 out = self.shard_outs[len(shards)]
                 wire_out = out if wire is flat else torch.empty(out.numel(), dtype=wire.dtype, device=out.device)
                 # The flat gradients are overwritten (the next micro-step starts from zero_grad anyway).
-                reduce_scatter(wire_out, wire, self.process_group, average=self.average,
-                               log_name="zero_reduce_scatter_grads")
+                reduce_scatter(wire_out, wire, group.group, average=inside, log_name="zero_reduce_scatter_grads")
                 if wire_out is not out:
                     out.copy_(wire_out)
-                shards.append(out)
+                result = out
             else:
-                dscomm.all_reduce(wire, op=op, group=self.process_group, log_name="zero_allreduce_grads")
+                if world > 1:
+                    dscomm.all_reduce(wire, op=op, group=group.group, log_name="zero_allreduce_grads")
                 if wire is not flat:
                     flat.copy_(wire)
-                shards.append(flat)
+                result = flat
+            if divisor != 1 and not inside:
+                result.div_(divisor)
+            shards.append(result)
         return shards
 
     def _reattach(self, group: FlatGroup, flat: torch.Tensor) -> None:
@@ -115,16 +128,20 @@ class _Bucket:
 
 
 class BucketReducer:
-    """Stage 2: gradients reduced in buckets during backward, kept only as this rank's shard."""
+    """Stage 2: gradients reduced in buckets during backward, kept only as this rank's shard.
 
-    def __init__(self, groups: list[FlatGroup], process_group: Any, bucket_numel: int, overlap: bool,
-                 average: bool, grad_dtype: torch.dtype):
+    With gradient sync off, backward passes leave their gradients in `.grad` (accumulating) and
+    launch nothing; the next synced backward, or `finish_backward()`, reduces everything.
+    """
+
+    def __init__(self, groups: list[FlatGroup], bucket_numel: int, overlap: bool, average: bool,
+                 grad_dtype: torch.dtype):
         self.groups = groups
-        self.process_group = process_group
-        self.world = dist.get_world_size(process_group)
-        self.rank = dist.get_rank(process_group)
         self.average = average
         self.overlap = overlap
+        self.sync = True
+        self.pending_local = False  # gradients accumulated with sync off, not reduced yet
+        self.bucket_numel = bucket_numel
         self.grad_shards = [torch.zeros(g.shard_numel, dtype=grad_dtype, device=g.model_flat.device) for g in groups]
         self.buckets: list[_Bucket] = []
         self.where: dict[int, tuple[int, int]] = {}  # id(param) -> (bucket, index in group)
@@ -147,7 +164,7 @@ class BucketReducer:
         self.turn = 0
         self.in_flight: list[tuple[_Bucket, torch.Tensor, list[Any]]] = []
         self.launcher = InOrderLauncher([len(b.params) for b in self.buckets],
-                                        lambda i: self._launch(self.buckets[i]), self.finish)
+                                        lambda i: self._launch(self.buckets[i]), self._end_of_backward)
         self.hooks = []
         for group in groups:
             for param in group.params:
@@ -161,8 +178,26 @@ class BucketReducer:
 
     # ------------------------------------------------------------------ during backward
     def _on_grad(self, param: torch.nn.Parameter) -> None:
+        if not self.sync:
+            self.pending_local = True
+            return
         bucket_index, index = self.where[id(param)]
         self.launcher.mark_ready(bucket_index, index)
+
+    def _end_of_backward(self) -> None:
+        self.pending_local = False  # every bucket was launched, accumulated gradients included
+        self.finish()
+
+    def set_sync(self, enabled: bool) -> None:
+        self.sync = enabled
+
+    def finish_backward(self) -> None:
+        """Reduce what sync-off backward passes accumulated (every bucket, in order), then wait for all."""
+        if self.pending_local:
+            for bucket in self.buckets:
+                self._launch(bucket)
+            self.pending_local = False
+        self.finish()
 
     def _launch(self, bucket: _Bucket) -> None:
         group = self.groups[bucket.group_index]
@@ -182,14 +217,16 @@ class BucketReducer:
                 cursor += end - start
         for index in bucket.params:
             group.params[index].grad = None  # the full gradient is no longer needed here
-        if self.average and self.world > 1:
-            staging.div_(self.world)
+        world = dist.get_world_size(group.group)
+        divisor = (group.average_over or world) if self.average else 1
+        if divisor != 1:
+            staging.div_(divisor)
         handles = []
         for rank, _pieces, seg_lo, seg_hi in bucket.segments:
-            if self.world == 1:
+            if world == 1:
                 continue
-            dst = dist.get_global_rank(self.process_group, rank) if self.process_group is not None else rank
-            handles.append(dscomm.reduce(staging[seg_lo:seg_hi], dst, group=self.process_group,
+            dst = dist.get_global_rank(group.group, rank) if group.group is not None else rank
+            handles.append(dscomm.reduce(staging[seg_lo:seg_hi], dst, group=group.group,
                                          async_op=self.overlap, log_name="zero_reduce_bucket"))
         self.in_flight.append((bucket, staging, handles))
         if not self.overlap:
@@ -201,10 +238,10 @@ class BucketReducer:
             if handle is not None:
                 handle.wait()
         shard = self.grad_shards[bucket.group_index]
-        layout = self.groups[bucket.group_index].layout
-        lo, _ = layout.shard_range(self.rank)
+        group = self.groups[bucket.group_index]
+        lo, _ = group.layout.shard_range(group.shard_rank)
         for rank, pieces, seg_lo, _ in bucket.segments:
-            if rank != self.rank:
+            if rank != group.shard_rank:
                 continue
             cursor = seg_lo
             for _index, start, end, flat_pos in pieces:
@@ -218,10 +255,11 @@ class BucketReducer:
 
     # ------------------------------------------------------------------ at the step
     def reduce(self) -> list[torch.Tensor]:
-        self.finish()
+        self.finish_backward()
         return self.grad_shards
 
     def zero(self) -> None:
+        self.pending_local = False
         for shard in self.grad_shards:
             shard.zero_()
         for group in self.groups:

@@ -210,6 +210,7 @@ class Stage3:
         self.world = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         self.average = average
+        self.persistence_threshold = persistence_threshold
         self.reuse = reuse or ReusePolicy(0, 0)
         self.prefetch = prefetch or PrefetchPlan(0)
         # NVMe-homed shards start reading one bucket beyond the gathers (a second plan, twice as far).
@@ -369,6 +370,12 @@ class Stage3:
 
     def reduce(self) -> list[torch.Tensor]:
         return self.grad_shards()
+
+    def set_sync(self, enabled: bool) -> None:
+        pass  # ZeroOptimizer refuses sync off at stage 3: each unit is reduced as its backward runs
+
+    def finish_backward(self) -> None:
+        pass  # nothing is left in flight: each unit's reduce-scatter completes in its hook
 
     def buffer_bytes(self) -> int:
         return sum(u.grad_shard.numel() * u.grad_shard.element_size() for u in self.units)

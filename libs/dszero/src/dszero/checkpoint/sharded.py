@@ -1,14 +1,17 @@
 """Sharded ZeRO checkpoints that load at any data-parallel world size.
 
 Layout of a checkpoint directory:
-    zero_shard_00000-of-00002.safetensors   one per rank: master weights and optimizer state (dsaio files)
-    zero_meta.json                          written last, by rank 0: layouts, step counts, loss scale
+    zero_shard_00000-of-00002.safetensors   one per rank that holds something to save: master weights
+                                            and optimizer state of its groups (dsaio files), and in
+                                            the header each group's layout and process group
+    zero_meta.json                          written last, by rank 0: stage, step counts, loss scale
     manifest.json                           every file's size and SHA-256 (see manifest.py), checked at load
 
 Every rank writes into `<dir>.partial`; after all have written, rank 0 adds zero_meta.json and
 swaps the directory into place (the previous one is kept as `<dir>.old` until the swap is done),
-so a crash at any moment leaves a complete checkpoint at `<dir>` or `<dir>.old`. Loading cuts the
-saved elements into the shards of the current world size: no conversion step.
+so a crash at any moment leaves a complete checkpoint at `<dir>` or `<dir>.old`. Loading finds each
+group by its parameters (shard_index.py) and cuts the saved elements into the shards of the current
+layout: no conversion step, whether the world size or a group's process group changed.
 """
 
 from __future__ import annotations
@@ -20,54 +23,51 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.distributed as dist
 
 import dsaio
 import dscomm
 
 from ..errors import CheckpointError
-from ..layout import GroupLayout, Slot, reshard_reads
+from ..layout import reshard_reads
 from .atomic import swap_into_place, write_text_atomically
 from .manifest import verify_manifest, write_manifest
+from .shard_index import Entry, ShardIndex, group_key, layout_to_json, shard_name
 from .writers import is_shared_file_writer
 
 if TYPE_CHECKING:
     from ..optimizer import ZeroOptimizer
 
 META = "zero_meta.json"
-FORMAT = "dszero-sharded-1"
-
-
-def shard_name(rank: int, world: int) -> str:
-    return f"zero_shard_{rank:05d}-of-{world:05d}.safetensors"
+FORMAT = "dszero-sharded-2"
 
 
 def save(zero: ZeroOptimizer, directory: str | os.PathLike, *, node_local: bool = False) -> Path:
-    """Write this rank's shard; collective (every rank of the data-parallel group calls it).
+    """Write this rank's shards; collective (every rank of the data-parallel group calls it).
 
     node_local: `directory` is on each node's own disk (no shared file system): every node's local
-    rank 0 also writes the metadata, so each node holds what its ranks need to load.
+    rank 0 also writes the metadata (and, at stage 0, the replicated groups), so each node holds
+    what its ranks need to load.
     """
     final = checkpoint_directory(directory)
     partial = final.with_name(final.name + ".partial")
-    saved_world = zero.world if zero.stage >= 1 else 1
-    writer = zero.rank < saved_world
     organiser = is_shared_file_writer(final.parent, zero.process_group, node_local)
     if organiser:
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
     dscomm.barrier(group=zero.process_group)
     state = zero.optimizer.state_dict()
-    if writer:
-        tensors, scalars = _shard_tensors(zero, state)
-        dsaio.save(tensors, partial / shard_name(zero.rank, saved_world),
-                   metadata={"rank": str(zero.rank), "scalars": json.dumps(scalars)})
+    mine = [i for i, group in enumerate(zero.groups) if _writes(zero, group, node_local)]
+    if mine:
+        tensors, entries = _shard_tensors(zero, state, mine)
+        dsaio.save(tensors, partial / shard_name(zero.rank, zero.world),
+                   metadata={"rank": str(zero.rank), "groups": json.dumps(entries)})
     dscomm.barrier(group=zero.process_group)
     if organiser:
-        meta = {"format": FORMAT, "zero_stage": zero.stage, "world_size": saved_world,
+        meta = {"format": FORMAT, "zero_stage": zero.stage, "world_size": zero.world,
                 "precision": zero.precision.dtype, "scaler": zero.scaler.state_dict(),
-                "skipped_steps": zero.skipped_steps,
-                "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in state["param_groups"]],
-                "layouts": [_layout_to_json(flat.layout) for flat in zero.groups]}
+                "skipped_steps": zero.skipped_steps, "group_count": len(zero.groups),
+                "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in state["param_groups"]]}
         write_text_atomically(partial / META, json.dumps(meta, indent=1))
         write_manifest(partial)
         swap_into_place(partial, final)
@@ -75,27 +75,30 @@ def save(zero: ZeroOptimizer, directory: str | os.PathLike, *, node_local: bool 
     return final
 
 
-def _shard_tensors(zero: ZeroOptimizer, state: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+def _writes(zero: ZeroOptimizer, group: Any, node_local: bool) -> bool:
+    """Partitioned groups: every rank its shard. Replicated ones (stage 0): their group's rank 0, and
+    with node-local storage every node's local rank 0 too."""
+    if zero.stage >= 1:
+        return True
+    return dist.get_rank(group.group) == 0 or (node_local and dscomm.get_local_rank() == 0)
+
+
+def _shard_tensors(zero: ZeroOptimizer, state: dict[str, Any], indices: list[int]
+                   ) -> tuple[dict[str, torch.Tensor], list[dict[str, Any]]]:
     tensors: dict[str, torch.Tensor] = {}
-    scalars: dict[str, Any] = {}
-    for index, flat in enumerate(zero.groups):
+    entries = []
+    for index in indices:
+        flat = zero.groups[index]
         tensors[f"group{index}.master"] = flat.master.detach().float().contiguous()
+        scalars: dict[str, Any] = {}
         for key, value in state["state"].get(index, {}).items():
             if torch.is_tensor(value) and value.numel() == flat.shard_numel:
                 tensors[f"group{index}.state.{key}"] = value.detach().contiguous()
             else:  # a step count or another per-group scalar
-                scalars[f"{index}.{key}"] = value.item() if torch.is_tensor(value) else value
-    return tensors, scalars
-
-
-def _layout_to_json(layout: GroupLayout) -> dict[str, Any]:
-    return {"world_size": layout.world_size, "alignment": layout.alignment,
-            "slots": [[s.name, list(s.shape), s.offset, s.numel] for s in layout.slots]}
-
-
-def _layout_from_json(data: dict[str, Any]) -> GroupLayout:
-    slots = tuple(Slot(name, tuple(shape), offset, numel) for name, shape, offset, numel in data["slots"])
-    return GroupLayout(slots, data["world_size"], data["alignment"])
+                scalars[key] = value.item() if torch.is_tensor(value) else value
+        entries.append({"index": index, "group_world": flat.layout.world_size, "group_rank": flat.shard_rank,
+                        "layout": layout_to_json(flat.layout), "scalars": scalars})
+    return tensors, entries
 
 
 def checkpoint_directory(directory: str | os.PathLike) -> Path:
@@ -138,35 +141,32 @@ def read_meta(directory: Path) -> dict[str, Any]:
 
 
 def load(zero: ZeroOptimizer, directory: str | os.PathLike, load_optimizer_states: bool = True) -> None:
-    """Load a checkpoint saved at any world size into `zero` (each rank reads what its shard needs)."""
+    """Load a checkpoint saved at any world size into `zero` (each rank reads what its shards need)."""
     path = resolve_directory(directory)
     meta = read_meta(path)
-    layouts = [_layout_from_json(d) for d in meta["layouts"]]
-    _check_same_model(zero, layouts, path)
-    new_world = zero.world if zero.stage >= 1 else 1
-    my_rank = zero.rank if zero.stage >= 1 else 0
-    shards = ShardFiles(path, meta["world_size"], home=my_rank if my_rank < meta["world_size"] else 0)
-    state_keys = shards.state_keys()
-    scalars = shards.scalars()
+    if meta["group_count"] != len(zero.groups):
+        raise CheckpointError(f"{path}: the checkpoint has {meta['group_count']} parameter group(s), this optimizer "
+                              f"{len(zero.groups)}; is it the same model and optimizer?")
+    index = ShardIndex(path)
     optimizer_state: dict[int, dict[str, Any]] = {}
-    for index, (flat, old) in enumerate(zip(zero.groups, layouts)):
-        reads = reshard_reads(old, new_world, my_rank)
+    for position, flat in enumerate(zero.groups):
+        saved = _saved_shards(index, flat, position, path, zero.rank)
+        reads = reshard_reads(next(iter(saved.values())).layout, flat.layout.world_size, flat.shard_rank)
         master = torch.zeros(flat.shard_numel, dtype=torch.float32)
-        _gather_pieces(master, reads, lambda r, i=index: shards.tensors(r)[f"group{i}.master"])
+        _gather_pieces(master, reads, index, saved, "master", path)
         flat.master.copy_(master)
         if load_optimizer_states:
+            home = saved.get(flat.shard_rank) or next(iter(saved.values()))
             per_param: dict[str, Any] = {}
-            for key in state_keys.get(index, []):
-                sample = shards.tensors(shards.home)[f"group{index}.state.{key}"]
+            for key in index.state_keys(home):
+                sample = index.tensor(home, f"state.{key}")
                 value = torch.zeros(flat.shard_numel, dtype=sample.dtype)
-                _gather_pieces(value, reads, lambda r, i=index, k=key: shards.tensors(r)[f"group{i}.state.{k}"])
+                _gather_pieces(value, reads, index, saved, f"state.{key}", path)
                 per_param[key] = value
-            for name, value in scalars.items():
-                group_index, key = name.split(".", 1)
-                if int(group_index) == index:
-                    per_param[key] = torch.tensor(value, dtype=torch.float32) if key == "step" else value
+            for key, value in home.scalars.items():
+                per_param[key] = torch.tensor(value, dtype=torch.float32) if key == "step" else value
             if per_param:
-                optimizer_state[index] = per_param
+                optimizer_state[position] = per_param
     if load_optimizer_states:
         current = zero.optimizer.state_dict()["param_groups"]
         groups = [{**hyper, "params": group["params"]} for hyper, group in zip(meta["param_groups"], current)]
@@ -178,58 +178,31 @@ def load(zero: ZeroOptimizer, directory: str | os.PathLike, load_optimizer_state
     zero._share_updated_weights()
 
 
-def _gather_pieces(target: torch.Tensor, reads, source) -> None:
+def _saved_shards(index: ShardIndex, flat: Any, position: int, path: Path, rank: int) -> dict[int, Entry]:
+    """The saved shards of this group, by their rank in its saved process group (one entry each,
+    this rank's own file preferred where several hold the same shard)."""
+    found = index.instances(group_key(flat.layout))
+    if not found:
+        raise CheckpointError(_mismatch(index, flat, position, path))
+    own = f"zero_shard_{rank:05d}-"
+    return {r: next((e for e in entries if e.file.name.startswith(own)), entries[0]) for r, entries in found.items()}
+
+
+def _gather_pieces(target: torch.Tensor, reads, index: ShardIndex, saved: dict[int, Entry], kind: str,
+                   path: Path) -> None:
     for old_rank, start, end, at in reads:
-        target[at: at + end - start].copy_(source(old_rank)[start:end].to(target.dtype))
+        if old_rank not in saved:
+            raise CheckpointError(f"{path}: the shard of rank {old_rank} of a parameter group is missing (its file "
+                                  f"is not in this directory)")
+        target[at: at + end - start].copy_(index.tensor(saved[old_rank], kind)[start:end].to(target.dtype))
 
 
-class ShardFiles:
-    """The shard files of one checkpoint, each read once, on first use."""
-
-    def __init__(self, path: Path, world: int, home: int = 0):
-        self.path = path
-        self.world = world
-        self.home = home  # the shard read for what every shard holds alike (this rank's own, where it exists)
-        self._loaded: dict[int, tuple[dict[str, torch.Tensor], dict[str, str]]] = {}
-
-    def _load(self, rank: int) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-        if rank not in self._loaded:
-            file = self.path / shard_name(rank, self.world)
-            if not file.is_file():
-                raise CheckpointError(f"{self.path}: shard {file.name} of the {self.world}-rank checkpoint is missing")
-            self._loaded[rank] = dsaio.load_with_metadata(file, framework="pt")
-        return self._loaded[rank]
-
-    def tensors(self, rank: int) -> dict[str, torch.Tensor]:
-        return self._load(rank)[0]
-
-    def scalars(self) -> dict[str, Any]:
-        """Per-group optimizer scalars (step counts), the same on every rank: read from the home shard."""
-        return json.loads(self._load(self.home)[1]["scalars"])
-
-    def state_keys(self) -> dict[int, list[str]]:
-        """Optimizer state names per group (exp_avg, ...), from the home shard's tensor names."""
-        keys: dict[int, list[str]] = {}
-        for name in self.tensors(self.home):
-            group, kind, *rest = name.split(".", 2)
-            if kind == "state":
-                keys.setdefault(int(group.removeprefix("group")), []).append(rest[0])
-        return keys
-
-
-def _check_same_model(zero: ZeroOptimizer, layouts: list[GroupLayout], path: Path) -> None:
-    if len(layouts) != len(zero.groups):
-        raise CheckpointError(f"{path}: the checkpoint has {len(layouts)} parameter group(s), this optimizer "
-                              f"{len(zero.groups)}; is it the same model and optimizer?")
-    for index, (flat, old) in enumerate(zip(zero.groups, layouts)):
-        saved = [(s.name, s.shape) for s in old.slots]
-        current = [(s.name, s.shape) for s in flat.layout.slots]
-        if saved != current:
-            missing = sorted({n for n, _ in current} - {n for n, _ in saved})[:3]
-            extra = sorted({n for n, _ in saved} - {n for n, _ in current})[:3]
-            shapes = [f"{n}: saved {tuple(a)} now {tuple(b)}" for (n, a), (m, b) in zip(saved, current)
-                      if n == m and tuple(a) != tuple(b)][:3]
-            raise CheckpointError(f"{path}: parameter group {index} does not match this model "
-                                  f"(not in the checkpoint: {missing or 'none'}; only in the checkpoint: "
-                                  f"{extra or 'none'}; shapes differ: {shapes or 'none'})")
-
+def _mismatch(index: ShardIndex, flat: Any, position: int, path: Path) -> str:
+    current = [(s.name, tuple(s.shape)) for s in flat.layout.slots]
+    same_index = [e for e in index.entries if e.index == position]
+    saved = list(same_index[0].key) if same_index else []
+    missing = sorted({n for n, _ in current} - {n for n, _ in saved})[:3]
+    extra = sorted({n for n, _ in saved} - {n for n, _ in current})[:3]
+    shapes = [f"{n}: saved {a} now {b}" for (n, a), (m, b) in zip(saved, current) if n == m and a != b][:3]
+    return (f"{path}: parameter group {position} does not match this model (not in the checkpoint: "
+            f"{missing or 'none'}; only in the checkpoint: {extra or 'none'}; shapes differ: {shapes or 'none'})")

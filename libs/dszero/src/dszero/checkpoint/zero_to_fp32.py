@@ -14,7 +14,8 @@ import torch
 import dsaio
 
 from ..errors import CheckpointError
-from .sharded import ShardFiles, _layout_from_json, read_meta, resolve_directory
+from .shard_index import ShardIndex
+from .sharded import read_meta, resolve_directory
 
 
 def _checkpoint_dir(checkpoint_dir: str | os.PathLike, tag: str | None) -> Path:
@@ -28,13 +29,17 @@ def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir: str | os.PathLike, 
                                              ) -> dict[str, torch.Tensor]:
     """{parameter name: fp32 tensor} from every shard of the checkpoint."""
     path = _checkpoint_dir(checkpoint_dir, tag)
-    meta = read_meta(path)
-    files = ShardFiles(path, meta["world_size"])
-    shards = [files.tensors(rank) for rank in range(meta["world_size"])]
+    read_meta(path)  # verifies the manifest
+    index = ShardIndex(path)
     state: dict[str, torch.Tensor] = {}
-    for index, data in enumerate(meta["layouts"]):
-        layout = _layout_from_json(data)
-        flat = torch.cat([shard[f"group{index}.master"] for shard in shards])
+    for key in dict.fromkeys(entry.key for entry in index.entries):  # each group once, in saved order
+        shards = index.instances(key)
+        layout = shards[0][0].layout
+        missing = sorted(set(range(layout.world_size)) - set(shards))
+        if missing:
+            raise CheckpointError(f"{path}: the shard(s) of rank(s) {missing} of a {layout.world_size}-rank parameter "
+                                  f"group are missing (group starting with {layout.slots[0].name!r})")
+        flat = torch.cat([index.tensor(shards[r][0], "master") for r in range(layout.world_size)])
         for slot in layout.slots:
             state[slot.name] = flat[slot.offset:slot.end].view(slot.shape).clone()
     return state
