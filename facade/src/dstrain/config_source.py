@@ -1,5 +1,6 @@
 """Where `initialize()` gets its config: `config`, `config_params` or `args.deepspeed_config`, resolved
-at the data-parallel world size, with every "auto" placeholder refused by name."""
+at the data-parallel world size, "auto" tuning knobs resolved by dsconfig's table and every other
+"auto" placeholder refused by name."""
 
 from __future__ import annotations
 
@@ -34,12 +35,14 @@ def pick_source(args: Any, config: Any, config_params: Any) -> Any:
     return source
 
 
-def load_config(source: Any, data_parallel_size: int, *, strict: bool = False) -> tuple[DeepSpeedConfig, dict | None]:
+def load_config(source: Any, data_parallel_size: int, *, strict: bool = False,
+                hidden_size: int | None = None) -> tuple[DeepSpeedConfig, dict | None]:
     """A complete config (batch triple resolved at `data_parallel_size`, no "auto" left) and the raw dict
     it was read from (None for an already-built config), the source read once.
 
     Unknown keys warn rather than fail by default (strict=False), as DeepSpeed ignores them; the
-    values of known keys are always checked.
+    values of known keys are always checked. "auto" tuning knobs (bucket sizes, ...) get dsconfig's
+    numbers (Hugging Face's rules from `hidden_size` where known); any other "auto" is refused.
     """
     if isinstance(source, DeepSpeedConfig):
         raw = None
@@ -58,6 +61,7 @@ def load_config(source: Any, data_parallel_size: int, *, strict: bool = False) -
             raise
     if not cfg.is_batch_resolved():
         cfg = cfg.with_batch_size(world_size=data_parallel_size)
+    cfg = dsconfig.resolve_auto(cfg, hidden_size=hidden_size)
     left = cfg.unresolved_auto()
     if left:
         raise ConfigError([Problem(path, 'is still "auto": give it a value (the Hugging Face Trainer fills '

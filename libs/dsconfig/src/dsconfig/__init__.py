@@ -7,6 +7,8 @@ Imports only attrs and cattrs (no torch, no numpy) and reads nothing from the en
 """
 
 from ._version import __version__
+from .auto import RESOLVABLE as AUTO_RESOLVABLE
+from .auto import resolve_auto
 from .config import DeepSpeedConfig
 from .errors import ConfigError, ConfigWarning, Problem
 from .fields import AUTO
@@ -57,6 +59,7 @@ DeepSpeedConfigError = ConfigError  # DeepSpeed's name
 
 __all__ = [
     "AUTO",
+    "AUTO_RESOLVABLE",
     "ActivationCheckpointingConfig",
     "AioConfig",
     "AutotuningConfig",
@@ -103,4 +106,5 @@ __all__ = [
     "load",
     "read_source",
     "requested_unsupported",
+    "resolve_auto",
 ]

@@ -66,11 +66,8 @@ def zero_rules(cfg: DeepSpeedConfig) -> Iterator[Finding]:
         yield Finding(Problem("zero_optimization.offload_param",
                               f"parameter offload needs ZeRO stage 3 (stage is {zero.stage}); it is ignored"),
                       inert=True, neutralize=_evolve_zero(offload_param=None))
-    if zero.optimizer_offload_device == "nvme" and zero.stage != 3:
-        yield _error("zero_optimization.offload_optimizer.device",
-                     f"NVMe optimizer offload needs ZeRO stage 3 (stage is {zero.stage}); use \"cpu\" or stage 3",
-                     "nvme")
-    elif zero.optimizer_offload_device == "cpu" and zero.stage == 0:
+    # NVMe optimizer offload runs at stages 1 and 2 too (dszero swaps the partitioned state the same way).
+    if zero.optimizer_offload_device != "none" and zero.stage == 0:
         yield Finding(Problem("zero_optimization.offload_optimizer",
                               "optimizer offload needs ZeRO stage 1, 2 or 3 (stage is 0); it is ignored"),
                       inert=True, neutralize=_evolve_zero(offload_optimizer=None))
