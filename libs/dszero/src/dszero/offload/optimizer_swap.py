@@ -62,6 +62,7 @@ class SwappedStep:
         self.optimizer = optimizer
         self.groups = groups
         self.config = config
+        self.sub_group_size = sub_group_size
         self.swap = SwapFile(nvme_dir(config.nvme_path), "optimizer", rank, aio_kwargs, KEY)
         self.subgroups = pack([g.shard_numel for g in groups], max(int(sub_group_size), 1))
         self.where_is: dict[int, tuple[SubGroup, int]] = {}  # id(group) -> (sub-group, position in it)

@@ -148,8 +148,7 @@ class ParamHomes:
         return self._pool
 
     def _buffer_numel(self) -> int:
-        size = self.config.buffer_size
-        return size if isinstance(size, int) else 100_000_000  # "auto": the reference's default
+        return self.config.buffer_size  # ZeroOptimizer resolved "auto" through dsconfig.resolve_auto
 
     def make(self, shard: torch.Tensor):
         if self.device == "none":
