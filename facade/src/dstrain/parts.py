@@ -155,7 +155,7 @@ def _zero_optimizer(config: DeepSpeedConfig, module: torch.nn.Module, basic: tor
         gradient_predivide_factor=config.gradient_predivide_factor, prescale_gradients=config.prescale_gradients,
         communication_dtype=precision.communication_dtype)
     if tensorwise is not None:
-        tensorwise.bind(zero.groups)
+        tensorwise.bind(zero)
         return tensorwise, zero
     return basic, zero
 

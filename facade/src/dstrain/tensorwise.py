@@ -41,18 +41,19 @@ class TensorwiseOnFlat(torch.optim.Optimizer):
                                                                  f"stage 0 or an elementwise optimizer (Adam, AdamW)",
                                       stage))
 
-    def bind(self, flat_groups: list[Any]) -> None:
+    def bind(self, zero: Any) -> None:
         """After dszero flattened the groups: per-tensor views of each group's flat master."""
-        for index, flat in enumerate(flat_groups):
-            originals = self.inner.param_groups[index]["params"]
-            views, slots = [], []
-            for slot, original in zip(flat.layout.slots, [p for p in originals if p.requires_grad], strict=True):
-                view = torch.nn.Parameter(flat.master[slot.offset:slot.end].view(slot.shape), requires_grad=False)
+        for index in range(len(self.param_groups)):
+            originals = [p for p in self.inner.param_groups[index]["params"] if p.requires_grad]
+            views, slots, offset = [], [], 0
+            for (_name, master_view), original in zip(zero.tensor_views(index), originals, strict=True):
+                view = torch.nn.Parameter(master_view, requires_grad=False)
                 for attribute in ("use_muon", "muon_num_heads"):  # Muon's per-parameter choices
                     if hasattr(original, attribute):
                         setattr(view, attribute, getattr(original, attribute))
                 views.append(view)
-                slots.append((slot.offset, slot.end))
+                slots.append((offset, offset + view.numel()))
+                offset += view.numel()
             self.inner.param_groups[index]["params"] = views
             self._views.append(views)
             self._slots.append(slots)
