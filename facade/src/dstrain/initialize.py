@@ -13,6 +13,7 @@ from .config_source import load_config, pick_source
 from .engine import DeepSpeedEngine
 from .errors import DstrainError
 from .feature_gate import check_features
+from .layout import parallel_dims
 
 
 def initialize(args: Any = None, model: torch.nn.Module | None = None, optimizer: Any = None,
@@ -24,7 +25,9 @@ def initialize(args: Any = None, model: torch.nn.Module | None = None, optimizer
 
     The config comes from `config` (a path, a dict or a base64 string), `config_params`, or
     `args.deepspeed_config`. Unknown config keys warn (strict_config=True makes them errors);
-    a key that turns on a feature dstrain lacks is always an error.
+    a key that turns on a feature dstrain lacks is always an error. The run's layout (ParallelDims)
+    is built from the config once, registered for dscomm.groups' getters, and its data group is
+    where ZeRO partitions and reduces.
     """
     if model is None:
         raise TypeError("initialize() needs model=<your torch.nn.Module>")
@@ -32,13 +35,16 @@ def initialize(args: Any = None, model: torch.nn.Module | None = None, optimizer
         raise DstrainError("initialize(mpu=..., mesh_param=...): model/tensor parallelism is not part of dstrain yet; "
                            "remove the argument to train data-parallel")
     _start_distributed(distributed_port, dist_init_required)
-    group = dscomm.groups.get_data_parallel_group()
+    world = dscomm.get_world_size()
     source = pick_source(args, config, config_params)
-    cfg, raw = load_config(source, torch.distributed.get_world_size(group), strict=strict_config)
+    # The plain engine's layout is all data parallel, so the batch triple resolves at the world size.
+    cfg, raw = load_config(source, world, strict=strict_config)
     check_features(cfg, raw)
+    groups = parallel_dims(cfg, world).build()  # collective: every rank creates every group
+    dscomm.groups.use(groups)
     engine = DeepSpeedEngine(model=model, config=cfg, optimizer=optimizer, model_parameters=model_parameters,
                              training_data=training_data, lr_scheduler=lr_scheduler, collate_fn=collate_fn,
-                             data_parallel_group=group)
+                             data_parallel_group=groups.data, groups=groups)
     return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler
 
 

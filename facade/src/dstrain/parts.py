@@ -57,7 +57,8 @@ class TrainingParts:
 def build_training_parts(model: torch.nn.Module, config: DeepSpeedConfig, *, optimizer: Any = None,
                          model_parameters: Any = None, training_data: Any = None, lr_scheduler: Any = None,
                          collate_fn: Any = None, data_parallel_group: Any = None, groups: Any = None) -> TrainingParts:
-    """The parts for `model`, trained data-parallel over `data_parallel_group` (None: the whole world).
+    """The parts for `model`, trained data-parallel over `data_parallel_group` (None: the whole world);
+    `groups`: the run's dscomm.ParallelGroups, whose norm group decides gradient norms and overflow.
 
     `optimizer` and `lr_scheduler` are the client's (an object or a callable that builds one), or
     None to build them from the config; giving both a client's and a config's is an error.
@@ -80,7 +81,9 @@ def build_training_parts(model: torch.nn.Module, config: DeepSpeedConfig, *, opt
     basic = _basic_optimizer(config, optimizer, model_parameters if model_parameters is not None else model.parameters())
     zero = None
     if basic is not None:
-        basic, zero = _zero_optimizer(config, model, basic, precision, data_parallel_group)
+        # Gradient norms and the fp16 overflow are decided over the layout's norm group (every stage and shard).
+        norm_group = groups.norm if groups is not None else None
+        basic, zero = _zero_optimizer(config, model, basic, precision, data_parallel_group, norm_group)
     scheduler = _scheduler(config, lr_scheduler, basic)
     loader = None
     if training_data is not None:
@@ -141,7 +144,7 @@ def _basic_optimizer(config: DeepSpeedConfig, client: Any, params: Any) -> torch
 
 
 def _zero_optimizer(config: DeepSpeedConfig, module: torch.nn.Module, basic: torch.optim.Optimizer,
-                    precision: PrecisionSetup, group: Any) -> tuple[Any, dszero.ZeroOptimizer]:
+                    precision: PrecisionSetup, group: Any, norm_group: Any) -> tuple[Any, dszero.ZeroOptimizer]:
     """(what schedulers see, the ZeRO optimizer): whole-tensor optimizers (Lamb, Muon) run through an
     adapter over ZeRO's flat groups, and the scheduler drives the adapter."""
     clipping = config.gradient_clipping if isinstance(config.gradient_clipping, (int, float)) else 0.0
@@ -153,7 +156,7 @@ def _zero_optimizer(config: DeepSpeedConfig, module: torch.nn.Module, basic: tor
         gradient_clipping=float(clipping), group=group, aio=config.aio.handle_kwargs(),
         gradient_average=config.gradient_allreduce_op == "mean", grad_accum_dtype=precision.grad_accum_dtype,
         gradient_predivide_factor=config.gradient_predivide_factor, prescale_gradients=config.prescale_gradients,
-        communication_dtype=precision.communication_dtype)
+        communication_dtype=precision.communication_dtype, norm_group=norm_group)
     if tensorwise is not None:
         tensorwise.bind(zero)
         return tensorwise, zero
