@@ -1,7 +1,9 @@
-"""Opening files for direct I/O, and the per-file state that concurrent unaligned writes share."""
+"""Opening files for direct I/O, and the per-file state that concurrent writes share: the reservation
+of the blocks a write adds (see _reserve) and the cut of the padding unaligned tails leave."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -12,6 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from ._align import Alignment, alignment_of_fd
+from ._reserve import reserve
 from .errors import AioError
 
 _BUFFERED = Alignment(1, 1, False, "O_DIRECT refused by this file system; buffered I/O")
@@ -25,6 +28,7 @@ class OpenFile:
     align: Alignment
     size_at_open: int
     key: tuple[int, int]  # (device, inode): identifies the file across paths and handles
+    created: bool = False  # this open made the file: a write that cannot reserve its space removes it
 
     def close(self) -> None:
         os.close(self.fd)
@@ -53,7 +57,12 @@ def open_file(path: str | os.PathLike | int, is_read: bool, operation: str) -> O
         return open_fd(path, operation)
     path = os.fspath(path)
     flags = (os.O_RDONLY if is_read else os.O_RDWR | os.O_CREAT) | os.O_CLOEXEC
+    created = False
     try:
+        if not is_read:  # learn whether we make the file (O_DIRECT below may refuse after creating it)
+            with contextlib.suppress(FileExistsError):
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644))
+                created = True
         try:
             fd = os.open(path, flags | _O_DIRECT, 0o644)
             direct = bool(_O_DIRECT)
@@ -78,7 +87,7 @@ def open_file(path: str | os.PathLike | int, is_read: bool, operation: str) -> O
     except BaseException:
         os.close(fd)
         raise
-    return OpenFile(path, fd, align, st.st_size, (st.st_dev, st.st_ino))
+    return OpenFile(path, fd, align, st.st_size, (st.st_dev, st.st_ino), created)
 
 
 @dataclass
@@ -95,19 +104,34 @@ _states_lock = threading.Lock()
 
 
 @contextmanager
-def writing(f: OpenFile, end: int) -> Iterator[WriteState]:
-    """Registers a write that ends at `end` for as long as it runs.
+def writing(f: OpenFile, begin: int, end: int, operation: str) -> Iterator[WriteState]:
+    """Registers a write of bytes [begin, end) for as long as it runs.
 
-    An unaligned tail is written as a whole padded block, and the padding is cut off when the
-    last writer of the file in this process finishes, at max(size before, furthest end written).
-    Cutting earlier would leave an unaligned file size while other writers' O_DIRECT I/O is in
-    flight, which makes ext4 fail synchronous direct reads of the file with EINVAL now and then.
-    The lock serialises the read-merge-write of edge blocks that adjacent writes may share.
+    Where the write extends the file, the new blocks are reserved first (see _reserve), rounded up
+    to the direct-I/O alignment; a failure leaves the file as it was (and removes it if this
+    request's open made it). An unaligned tail is written as a whole padded block. The padding
+    (reserved or written) is cut off when the last writer of the file in this process finishes, at
+    max(size before, furthest end written). Cutting earlier would leave an unaligned file size while
+    other writers' O_DIRECT I/O is in flight, which makes ext4 fail synchronous direct reads of the
+    file with EINVAL now and then. The lock serialises the read-merge-write of edge blocks that
+    adjacent writes may share.
     """
     with _states_lock:
+        size = os.fstat(f.fd).st_size
         state = _states.get(f.key)
+        fresh = state is None
         if state is None:
-            state = _states[f.key] = WriteState(size_before=os.fstat(f.fd).st_size)
+            state = WriteState(size_before=size)
+        if end > max(size, begin):
+            lo = max(size, begin)
+            hi = -(-end // f.align.offset) * f.align.offset
+            try:
+                reserve(f.fd, lo, hi - lo, f.path, operation)
+            except BaseException:
+                _restore(f, size, fresh)
+                raise
+            state.padded = state.padded or hi > end
+        _states[f.key] = state
         state.writers += 1
         state.max_end = max(state.max_end, end)
     try:
@@ -121,3 +145,15 @@ def writing(f: OpenFile, end: int) -> Iterator[WriteState]:
                     keep = max(state.size_before, state.max_end)
                     if os.fstat(f.fd).st_size > keep:
                         os.ftruncate(f.fd, keep)
+
+
+def _restore(f: OpenFile, size: int, fresh: bool) -> None:
+    """Puts a file back as it was before a reservation that failed, perhaps partway."""
+    with contextlib.suppress(OSError):
+        if f.created and fresh and size == 0:
+            st = os.stat(f.path)
+            if (st.st_dev, st.st_ino) == f.key:  # still the file this request made, nobody else's
+                os.unlink(f.path)
+                return
+        if os.fstat(f.fd).st_size > size:
+            os.ftruncate(f.fd, size)

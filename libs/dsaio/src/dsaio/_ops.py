@@ -46,7 +46,7 @@ class Op:
         self._stack = ExitStack()
         self._state = None
         if not is_read:  # registered before any part runs, see _files.writing
-            self._state = self._stack.enter_context(writing(f, offset + raw.nbytes))
+            self._state = self._stack.enter_context(writing(f, offset, offset + raw.nbytes, operation))
 
     def run_part(self, index: int) -> None:
         off, n = self.parts[index]

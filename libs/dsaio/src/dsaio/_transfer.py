@@ -110,7 +110,7 @@ def move(engine: Engine, f: OpenFile, addr: int, nbytes: int, offset: int, is_re
     if nbytes == 0:
         return
     if not is_read and state is None:
-        with writing(f, offset + nbytes) as own:
+        with writing(f, offset, offset + nbytes, operation) as own:
             return move(engine, f, addr, nbytes, offset, False, tuning, operation, req, own)
     r = _Request(engine, f, tuning, operation)
     req = req or (offset, nbytes)

@@ -14,7 +14,7 @@ import os
 import secrets
 
 from .._buffers import aligned_empty
-from .._files import OpenFile, open_file, writing
+from .._files import open_file, writing
 from .._transfer import move
 from ..engines import get_engine
 from .checksum import Checksums
@@ -49,10 +49,10 @@ def write_atomic(path: str, pieces: list[tuple[Entry, int]], metadata: dict[str,
     tmp = _temp_name(path)
     f = open_file(tmp, is_read=False, operation="save")
     try:
-        _preallocate(f, start + data_size)
         runs = [(addr, e.end - e.begin) for e, addr in pieces]
         eng = get_engine(engine)
-        with writing(f, start + data_size) as state, Checksums(runs, CHUNK) as sums:
+        # Registering the whole file reserves its blocks: a full disk fails here, before any write.
+        with writing(f, 0, start + data_size, "save") as state, Checksums(runs, CHUNK) as sums:
             with DataStream(f, start, eng, state) as stream:
                 for addr, nbytes in runs:
                     stream.write(addr, nbytes)
@@ -76,18 +76,6 @@ def write_atomic(path: str, pieces: list[tuple[Entry, int]], metadata: dict[str,
             os.unlink(tmp)
         raise _named(exc, path) from None
     _fsync_dir(path)
-
-
-def _preallocate(f: OpenFile, size: int) -> None:
-    """Reserves the blocks up front: a full disk fails here, before any data is written."""
-    try:
-        os.posix_fallocate(f.fd, 0, size)
-    except OSError as exc:
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-            from ..errors import AioError
-
-            raise AioError(exc.errno, f.path, "save", f"{os.strerror(exc.errno)} reserving {size} bytes") from None
-        # other errors (EOPNOTSUPP, EINVAL): this file system cannot preallocate; it is only a hint
 
 
 def _named(exc: OSError, path: str) -> OSError:
