@@ -9,6 +9,7 @@ import torch
 import dscomm
 from dsconfig import ConfigError, Problem
 
+from .compose import compose
 from .config_source import load_config, pick_source
 from .engine import DeepSpeedEngine
 from .errors import DstrainError
@@ -42,9 +43,11 @@ def initialize(args: Any = None, model: torch.nn.Module | None = None, optimizer
     check_features(cfg, raw)
     groups = parallel_dims(cfg, world).build()  # collective: every rank creates every group
     dscomm.groups.use(groups)
-    engine = DeepSpeedEngine(model=model, config=cfg, optimizer=optimizer, model_parameters=model_parameters,
-                             training_data=training_data, lr_scheduler=lr_scheduler, collate_fn=collate_fn,
-                             data_parallel_group=groups.data, groups=groups)
+    composed = compose(model, cfg, groups, model_parameters)  # every parallelism, in its one order
+    engine = DeepSpeedEngine(model=composed.model, config=cfg, optimizer=optimizer,
+                             model_parameters=composed.model_parameters, training_data=training_data,
+                             lr_scheduler=lr_scheduler, collate_fn=collate_fn, data_parallel_group=groups.data,
+                             groups=groups)
     return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler
 
 
