@@ -4,14 +4,15 @@
     region = swap.allocate(nbytes)
     swap.write(tensor, region); swap.read(tensor, region)       # or write_async(...) + wait()
 
-dsaio's native core is imported only here, so it loads only when NVMe offload is on.
+dsaio's native core is imported only here, so it loads only when NVMe offload is on. dsaio reserves
+the blocks of each region before its first write, so a full disk fails before any byte is written.
+Each swap directory is marked with its owner; making one removes those of killed runs (swap_owners).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 import weakref
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ import torch
 
 from ..errors import ZeroConfigError
 from .pinned import pinned_empty
+from .swap_owners import make_swap_dir, remove_stale
 
 ALIGNMENT = 4096  # O_DIRECT-friendly offsets on every file system we meet
 
@@ -32,7 +34,8 @@ class SwapFile:
 
         try:
             nvme_path.mkdir(parents=True, exist_ok=True)
-            self.directory = Path(tempfile.mkdtemp(prefix=f"dszero_{purpose}_rank{rank}_", dir=nvme_path))
+            remove_stale(nvme_path)
+            self.directory = make_swap_dir(nvme_path, f"dszero_{purpose}_rank{rank}_")
         except OSError as exc:
             raise ZeroConfigError(f"{key}.nvme_path = {str(nvme_path)!r} cannot hold swap files ({exc.strerror}); "
                                   f"give a writable directory on a fast local disk") from exc
