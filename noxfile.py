@@ -26,7 +26,8 @@ LAYERS: dict[str, set[str]] = {
     "dscomm": {"dsconfig"},
     "dsmonitor": {"dsconfig"},
     "dszero": {"dsconfig", "dscomm", "dsaio"},
-    "dstrain": {"dsconfig", "dscomm", "dsaio", "dsmonitor", "dszero"},
+    "dspipe": {"dsconfig", "dscomm"},
+    "dstrain": {"dsconfig", "dscomm", "dsaio", "dsmonitor", "dszero", "dspipe"},
 }
 
 # A library tested a second time with another extra: session name -> (library, extra, modules that
