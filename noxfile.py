@@ -27,7 +27,8 @@ LAYERS: dict[str, set[str]] = {
     "dsmonitor": {"dsconfig"},
     "dszero": {"dsconfig", "dscomm", "dsaio"},
     "dspipe": {"dsconfig", "dscomm"},
-    "dstrain": {"dsconfig", "dscomm", "dsaio", "dsmonitor", "dszero", "dspipe"},
+    "dsmoe": {"dsconfig", "dscomm"},
+    "dstrain": {"dsconfig", "dscomm", "dsaio", "dsmonitor", "dszero", "dspipe", "dsmoe"},
 }
 
 # A library tested a second time with another extra: session name -> (library, extra, modules that
