@@ -28,7 +28,8 @@ LAYERS: dict[str, set[str]] = {
     "dszero": {"dsconfig", "dscomm", "dsaio"},
     "dspipe": {"dsconfig", "dscomm"},
     "dsmoe": {"dsconfig", "dscomm"},
-    "dstrain": {"dsconfig", "dscomm", "dsaio", "dsmonitor", "dszero", "dspipe", "dsmoe"},
+    "dstp": {"dsconfig", "dscomm"},
+    "dstrain": {"dsconfig", "dscomm", "dsaio", "dsmonitor", "dszero", "dspipe", "dsmoe", "dstp"},
 }
 
 # A library tested a second time with another extra: session name -> (library, extra, modules that
