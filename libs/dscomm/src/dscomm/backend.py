@@ -6,9 +6,11 @@ A plain `python train.py` becomes a world of one with no environment needed; cal
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import os
+import traceback
 import warnings
 
 import torch
@@ -20,6 +22,7 @@ log = logging.getLogger("dscomm")
 
 DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)
 _timeout: datetime.timedelta = DEFAULT_TIMEOUT
+_shut_down_by: str | None = None  # the failure that made dscomm shut the process groups down
 
 
 def default_backend() -> str:
@@ -37,7 +40,7 @@ def init_distributed(dist_backend: str | None = None, timeout: datetime.timedelt
     available and gloo otherwise. `auto_mpi_discovery`, `verbose` and `config` are accepted for
     DeepSpeed compatibility.
     """
-    global _timeout
+    global _timeout, _shut_down_by
     if dist.is_initialized():
         current = dist.get_backend()
         if dist_backend is not None and dist_backend != current:
@@ -67,6 +70,7 @@ def init_distributed(dist_backend: str | None = None, timeout: datetime.timedelt
         raise CommError(
             f"rank {rank} of {world_size} could not join the process group (backend {backend}) at {where} within "
             f"{_timeout}: {_first_line(exc)}. Did every rank start, with the same world size and address?") from exc
+    _shut_down_by = None
     if backend == "nccl":
         torch.cuda.set_device(get_local_rank())
     if verbose and rank == 0:
@@ -139,6 +143,16 @@ def get_timeout() -> datetime.timedelta:
     return _timeout
 
 
+def set_timeout(timeout: datetime.timedelta) -> None:
+    """Give the default group's collectives `timeout` from now on (joining may have needed longer)."""
+    global _timeout
+    if not isinstance(timeout, datetime.timedelta):
+        raise CommError(f"timeout must be a datetime.timedelta, not {type(timeout).__name__} ({timeout!r})")
+    if is_initialized():
+        dist.group.WORLD.set_timeout(timeout)
+    _timeout = timeout
+
+
 def destroy() -> None:
     """Leave the process group and forget every group dscomm created."""
     from . import groups
@@ -146,3 +160,25 @@ def destroy() -> None:
     groups.reset()
     if is_initialized():
         dist.destroy_process_group()
+
+
+def shut_down_after_failure(failure: str, exc: BaseException) -> None:
+    """A peer is gone or never answered: leave every process group now, before the error propagates.
+
+    After a timeout gloo has closed the group's connections, so the groups are of no further use.
+    Left alone they stay alive through the traceback, their worker threads still there while the
+    interpreter shuts down: the path on which a run with a stopped rank once aborted with
+    `terminate called without an active exception`. So torch's frames in the traceback let go of
+    the group and its work, and the groups are destroyed here, with the interpreter whole.
+    """
+    global _shut_down_by
+    if exc.__traceback__ is not None:
+        traceback.clear_frames(exc.__traceback__)  # the frames still running (ours) are left as they are
+    _shut_down_by = failure
+    with contextlib.suppress(Exception):  # already failing: the failure is the error to report
+        destroy()
+
+
+def shut_down_by() -> str | None:
+    """The failure after which dscomm shut the process groups down, until init_distributed starts again."""
+    return _shut_down_by

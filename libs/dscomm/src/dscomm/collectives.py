@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from . import emulation
-from .backend import get_timeout
+from .backend import get_timeout, shut_down_after_failure, shut_down_by
 from .errors import CommError
 from .logger import LOGGER, Record, Timer
 
@@ -119,15 +119,24 @@ def describe_group(group: Any) -> str:
 def _failure(op: str, group: Any, exc: BaseException) -> CommError:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     lowered = str(exc).lower()
+    earlier = shut_down_by()
+    if earlier is not None and not dist.is_initialized():
+        return CommError(f"{op}: dscomm shut the process groups down after an earlier failure, so no op can run "
+                         f"until init_distributed starts a new one; that failure: {earlier}")
+    fatal = True
     if "timeout" in lowered or "timed out" in lowered:
         why = f"a peer did not take part within the timeout ({get_timeout()})"
     elif any(s in lowered for s in ("connection closed", "reset by peer", "broken pipe", "connection refused",
                                     "socket closed", "connection reset")):
         why = "a peer exited or crashed"
     else:
-        why = "the backend refused it"
+        why, fatal = "the backend refused it", False
     rank = dist.get_rank() if dist.is_initialized() else 0
-    return CommError(f"{op} failed on rank {rank} in {describe_group(group)}: {why} ({text})")
+    message = f"{op} failed on rank {rank} in {describe_group(group)}: {why} ({text})"
+    if fatal and dist.is_initialized():
+        shut_down_after_failure(message, exc)
+        message += "; dscomm shut the process groups down"
+    return CommError(message)
 
 
 # ------------------------------------------------------------------ collectives
