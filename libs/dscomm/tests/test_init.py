@@ -37,10 +37,13 @@ def free_port():
 
 
 def test_torchrun_launch_path():
-    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                          "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-                          str(HERE / "torchrun_worker.py")], capture_output=True, text=True, timeout=180,
-                         env=CLEAN_ENV)
+    for _ in range(3):  # another process may take the free port before torchrun binds it: try another
+        out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                              "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
+                              str(HERE / "torchrun_worker.py")], capture_output=True, text=True, timeout=300,
+                             env=CLEAN_ENV)
+        if "address already in use" not in out.stderr.lower():
+            break
     assert out.returncode == 0, out.stderr[-2000:]
     # Both ranks share stdout, so their lines may interleave: find the reports, not the lines.
     lines = sorted(re.findall(r"rank=\d world=\d local=\d sum=\d+ backend=\w+ env_rank=\d", out.stdout))
