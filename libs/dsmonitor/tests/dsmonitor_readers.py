@@ -1,11 +1,19 @@
-"""Read back what each backend wrote, with the backend's own formats and readers."""
+"""Read back what each backend wrote, with the backend's own formats and readers.
+
+W&B's service process and Comet's archiver may still be writing when `close()` has returned (seen on
+a loaded machine: a W&B run read back empty), so their readers wait, bounded, for the file to be
+complete: W&B's `exit` record, a Comet archive that opens.
+"""
 
 import csv
 import glob
 import json
 import os
 import struct
+import time
 import zipfile
+
+WAIT_S = 60.0  # a slow machine; a writer that never finishes fails the test after this
 
 
 def tensorboard_scalars(log_dir: str) -> dict[str, list[tuple[int, float]]]:
@@ -17,11 +25,13 @@ def tensorboard_scalars(log_dir: str) -> dict[str, list[tuple[int, float]]]:
 
 
 def _wandb_records(path: str):
-    """The protobuf records of a .wandb file (W&B's LevelDB-style log: 32 KiB blocks of chunks)."""
+    """The complete protobuf records of a .wandb file (W&B's LevelDB-style log: 32 KiB blocks of chunks)."""
     from wandb.proto import wandb_internal_pb2
 
     with open(path, "rb") as f:
         data = f.read()
+    if len(data) < 7:
+        return  # not even the header written yet
     assert data[:4] == b":W&B", f"{path} is not a W&B transaction log"
     block, pos, chunks = 32768, 7, b""
     while pos + 7 <= len(data):
@@ -29,8 +39,8 @@ def _wandb_records(path: str):
             pos += block - pos % block
             continue
         _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
-        if length == 0 and kind == 0:
-            break
+        if (length == 0 and kind == 0) or pos + 7 + length > len(data):
+            break  # the end, or a chunk still being written
         chunks += data[pos + 7:pos + 7 + length]
         pos += 7 + length
         if kind in (1, 4):  # FULL or LAST chunk ends a record
@@ -40,10 +50,24 @@ def _wandb_records(path: str):
             yield record
 
 
-def wandb_run(wandb_dir: str) -> dict:
-    """The single offline run under wandb_dir: its run settings and history rows."""
-    (path,) = glob.glob(os.path.join(wandb_dir, "wandb", "offline-run-*", "run-*.wandb"))
-    run, history = {}, []
+def wandb_run(wandb_dir: str, wait_s: float = WAIT_S) -> dict:
+    """The single offline run under wandb_dir, once W&B has written its exit: run settings and history rows."""
+    pattern = os.path.join(wandb_dir, "wandb", "offline-run-*", "run-*.wandb")
+    deadline = time.monotonic() + wait_s
+    while True:
+        paths = glob.glob(pattern)
+        assert len(paths) <= 1, f"more than one W&B run under {wandb_dir}: {paths}"
+        run = _wandb_read(paths[0]) if paths else None
+        if run is not None and run.pop("exited"):
+            return run
+        if time.monotonic() > deadline:
+            raise AssertionError(f"W&B did not finish writing a run under {wandb_dir} within {wait_s} s "
+                                 f"(files {paths}; read so far {run})")
+        time.sleep(0.1)
+
+
+def _wandb_read(path: str) -> dict:
+    run, history, exited = {}, [], False
     for record in _wandb_records(path):
         kind = record.WhichOneof("record_type")
         if kind == "run":
@@ -52,20 +76,33 @@ def wandb_run(wandb_dir: str) -> dict:
             row = {(item.key or "/".join(item.nested_key)): json.loads(item.value_json)
                    for item in record.history.item}
             history.append(row)
-    return {"run": run, "history": history}
+        elif kind == "exit":
+            exited = True
+    return {"run": run, "history": history, "exited": exited}
 
 
-def comet_metrics(offline_dir: str) -> tuple[dict, list[tuple[str, float, int]]]:
+def comet_metrics(offline_dir: str, wait_s: float = WAIT_S) -> tuple[dict, list[tuple[str, float, int]]]:
     """The offline archive's experiment.json and its logged metrics, (name, value, step)."""
-    (archive,) = glob.glob(os.path.join(offline_dir, "*.zip"))
-    with zipfile.ZipFile(archive) as zf:
-        experiment = json.loads(zf.read("experiment.json"))
-        metrics = []
-        for line in zf.read("messages.json").decode().splitlines():
-            message = json.loads(line)
-            if message.get("type") == "metric_msg":
-                metric = message["payload"]["metric"]
-                metrics.append((metric["metricName"], metric["metricValue"], metric["step"]))
+    deadline = time.monotonic() + wait_s
+    while True:
+        archives = glob.glob(os.path.join(offline_dir, "*.zip"))
+        assert len(archives) <= 1, f"more than one Comet archive in {offline_dir}: {archives}"
+        try:
+            with zipfile.ZipFile(archives[0]) as zf:
+                experiment = json.loads(zf.read("experiment.json"))
+                messages = zf.read("messages.json").decode()
+            break
+        except (IndexError, OSError, KeyError, zipfile.BadZipFile, json.JSONDecodeError) as exc:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no complete Comet archive in {offline_dir} within {wait_s} s "
+                                     f"(files {archives}: {exc!r})") from exc
+            time.sleep(0.1)
+    metrics = []
+    for line in messages.splitlines():
+        message = json.loads(line)
+        if message.get("type") == "metric_msg":
+            metric = message["payload"]["metric"]
+            metrics.append((metric["metricName"], metric["metricValue"], metric["step"]))
     return experiment, metrics
 
 

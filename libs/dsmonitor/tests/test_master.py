@@ -156,7 +156,7 @@ def test_events_are_written_at_exit_without_close(tmp_path):
             "m = dsmonitor.MonitorMaster(csv_monitor=dsconfig.CSVMonitorConfig(enabled=True, job_name='j'),\n"
             "                            wandb=dsconfig.WandbConfig(enabled=True))\n"
             "m.write_events([('x', float(i), i) for i in range(1000)])\n")
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=tmp_path, timeout=120)
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=tmp_path, timeout=300)
     assert len(readers.csv_rows(str(tmp_path / "j" / "x.csv"))) == 1001
     history = readers.wandb_run(os.environ["WANDB_DIR"])["history"]
     assert [row["x"] for row in history] == [float(i) for i in range(1000)]
