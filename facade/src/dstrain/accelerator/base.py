@@ -1,0 +1,128 @@
+"""The accelerator interface DeepSpeed scripts call (`get_accelerator().device_name(i)`, ...), with what
+every backend shares. A backend names its device type and its torch module; the rest follows."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+class Accelerator:
+    """A device type as DeepSpeed's accelerator presents it. Subclasses: CpuAccelerator, CudaAccelerator."""
+
+    _name = ""
+    _communication_backend = ""
+    _compile_backend = "inductor"
+
+    # ------------------------------------------------------------------ devices
+    def device_name(self, device_index: int | None = None) -> str:
+        return self._name if device_index is None else f"{self._name}:{device_index}"
+
+    def device(self, device_index: int | None = None) -> torch.device:
+        return torch.device(self.device_name(device_index))
+
+    def current_device_name(self) -> str:
+        return self.device_name(self.current_device())
+
+    def is_synchronized_device(self) -> bool:
+        """True where work runs in program order on the host (no streams to wait for)."""
+        return False
+
+    def use_host_timers(self) -> bool:
+        return self.is_synchronized_device()
+
+    def resolves_data_dependency(self) -> bool:
+        return self.is_synchronized_device()
+
+    def handles_memory_backpressure(self) -> bool:
+        return self.is_synchronized_device()
+
+    # ------------------------------------------------------------------ random numbers
+    def random(self) -> Any:
+        return torch.random
+
+    def manual_seed(self, seed: int) -> Any:
+        return torch.manual_seed(seed)
+
+    def manual_seed_all(self, seed: int) -> Any:
+        return torch.manual_seed(seed)
+
+    def initial_seed(self) -> int:
+        return torch.initial_seed()
+
+    def get_rng_state(self, device_index: int | None = None) -> torch.Tensor:
+        return torch.get_rng_state()
+
+    def set_rng_state(self, new_state: torch.Tensor, device_index: int | None = None) -> None:
+        torch.set_rng_state(new_state)
+
+    def default_generator(self, device_index: int) -> torch.Generator:
+        return torch.default_generator
+
+    # ------------------------------------------------------------------ data types
+    def is_bf16_supported(self) -> bool:
+        return True
+
+    def is_fp16_supported(self) -> bool:
+        return True
+
+    def is_fp64_supported(self) -> bool:
+        return True
+
+    def supported_dtypes(self) -> list[torch.dtype]:
+        dtypes = [torch.float]
+        if self.is_fp16_supported():
+            dtypes.append(torch.half)
+        if self.is_bf16_supported():
+            dtypes.append(torch.bfloat16)
+        return dtypes
+
+    # ------------------------------------------------------------------ tensors
+    def on_accelerator(self, tensor: torch.Tensor) -> bool:
+        return tensor.device.type == self._name
+
+    def pin_memory(self, tensor: torch.Tensor, align_bytes: int = 1) -> torch.Tensor:
+        return tensor.pin_memory() if torch.cuda.is_available() else tensor
+
+    def is_pinned(self, tensor: torch.Tensor) -> bool:
+        return tensor.is_pinned() if torch.cuda.is_available() else False
+
+    # ------------------------------------------------------------------ communication, compilation
+    def communication_backend_name(self) -> str:
+        return self._communication_backend
+
+    def is_triton_supported(self) -> bool:
+        return False
+
+    def get_compile_backend(self) -> str:
+        return self._compile_backend
+
+    def set_compile_backend(self, backend: str) -> None:
+        self._compile_backend = backend
+
+    def visible_devices_envs(self) -> list[str]:
+        return []
+
+    def set_visible_devices_envs(self, current_env: dict[str, str], local_accelerator_ids: list[int]) -> None:
+        for name in self.visible_devices_envs():
+            current_env[name] = ",".join(map(str, local_accelerator_ids))
+
+    # ------------------------------------------------------------------ profiling marks
+    def range_push(self, msg: str) -> None:
+        pass
+
+    def range_pop(self) -> None:
+        pass
+
+    def lazy_call(self, callback: Callable[[], Any]) -> Any:
+        return callback()
+
+    def __repr__(self) -> str:
+        return f"<dstrain accelerator {self._name}>"
+
+
+def local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", 0))
