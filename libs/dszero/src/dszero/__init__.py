@@ -14,6 +14,12 @@ from .estimators import (
     estimate_zero3_model_states_mem_needs_all_cold,
     estimate_zero3_model_states_mem_needs_all_live,
 )
+from .fragments import (
+    safe_get_full_fp32_param,
+    safe_get_full_grad,
+    safe_get_full_optimizer_state,
+    safe_set_full_fp32_param,
+)
 from .init import Init
 from .layout import GroupLayout, Slot
 from .optimizer import ZeroOptimizer
@@ -39,4 +45,8 @@ __all__ = [
     "estimate_zero3_model_states_mem_needs_all_cold",
     "estimate_zero3_model_states_mem_needs_all_live",
     "get_fp32_state_dict_from_zero_checkpoint",
+    "safe_get_full_fp32_param",
+    "safe_get_full_grad",
+    "safe_get_full_optimizer_state",
+    "safe_set_full_fp32_param",
 ]

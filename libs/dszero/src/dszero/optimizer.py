@@ -20,6 +20,7 @@ import torch.distributed as dist
 import dscomm
 from dsconfig import ZeroConfig, resolve_auto
 
+from . import fragments
 from .errors import ZeroConfigError, ZeroError
 from .flat import FlatGroup
 from .layout import GroupLayout
@@ -137,6 +138,7 @@ class ZeroOptimizer:
             self._broadcast_initial_weights()
             self.reducer = self._make_reducer(gradient_average)
         self.stepper = self._make_stepper()
+        fragments.register(self)  # safe_get_full_fp32_param & co. find their optimizer from the parameter
 
     # ------------------------------------------------------------------ construction
     def _check_supported(self) -> None:

@@ -1,0 +1,102 @@
+"""One parameter's whole fp32 value, gradient or optimizer state, assembled from ZeRO's shards.
+
+DeepSpeed's `safe_get_full_fp32_param` and friends, for code that inspects or edits a parameter by
+hand (weight surgery, logging a gradient). Every function is collective over the parameter's group:
+call it on every rank of the data-parallel group with the same parameter.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from .errors import ZeroError
+from .layout import Slot
+from .wire import gather_shards
+
+if TYPE_CHECKING:
+    from .optimizer import ZeroOptimizer
+
+_OWNER = "_dszero_owner"  # on each parameter: a weak reference to its ZeroOptimizer
+
+
+def register(zero: ZeroOptimizer) -> None:
+    """Let each parameter of `zero`'s groups find its optimizer, group and slot."""
+    owner = weakref.ref(zero)
+    for index, group in enumerate(zero.groups):
+        for param, slot in zip(group.params, group.layout.slots):
+            setattr(param, _OWNER, (owner, index, slot))
+
+
+def _locate(param: torch.Tensor) -> tuple[ZeroOptimizer, Any, Slot]:
+    found = getattr(param, _OWNER, None)
+    zero = found[0]() if found is not None else None
+    if zero is None:
+        raise ZeroError(f"parameter of shape {tuple(param.shape)} is not trained by a ZeroOptimizer (not given to "
+                        f"one, frozen, or its optimizer is gone)")
+    return zero, zero.groups[found[1]], found[2]
+
+
+def _whole(zero: ZeroOptimizer, group: Any, shard: torch.Tensor, slot: Slot) -> torch.Tensor:
+    """The slot's elements of a group-sharded flat tensor, gathered from every rank of the group."""
+    layout = group.layout
+    if layout.world_size == 1:
+        return shard[slot.offset:slot.end].view(slot.shape).clone()
+    full = torch.empty(layout.padded_numel, dtype=shard.dtype, device=shard.device)
+    gather_shards(full, shard.contiguous(), group.group, log_name="zero_gather_fragment")
+    return full[slot.offset:slot.end].view(slot.shape).clone()
+
+
+def safe_get_full_fp32_param(param: torch.Tensor) -> torch.Tensor:
+    """The parameter's whole master (fp32) value."""
+    zero, group, slot = _locate(param)
+    with zero.stepper.resident():
+        return _whole(zero, group, group.master.float(), slot)
+
+
+def safe_set_full_fp32_param(param: torch.Tensor, value: torch.Tensor) -> None:
+    """Replace the parameter's master value (and so its model weights) on every rank."""
+    zero, group, slot = _locate(param)
+    if tuple(value.shape) != tuple(slot.shape):
+        raise ZeroError(f"safe_set_full_fp32_param({slot.name}): value has shape {tuple(value.shape)}, the parameter "
+                        f"{tuple(slot.shape)}")
+    lo, hi = group.layout.shard_range(group.shard_rank)
+    start, end = max(lo, slot.offset), min(hi, slot.end)
+    with zero.stepper.resident(write_back=True):
+        if start < end:
+            flat = value.detach().reshape(-1).to(device=group.master.device, dtype=group.master.dtype)
+            group.master[start - lo:end - lo].copy_(flat[start - slot.offset:end - slot.offset])
+        zero._share_updated_weights()
+
+
+def safe_get_full_grad(param: torch.Tensor) -> torch.Tensor:
+    """The parameter's gradient as the next step() will apply it: reduced over the data-parallel ranks
+    (averaged as configured) and unscaled from the fp16 loss scale, in fp32. Call it after the step's
+    backward passes and before step()."""
+    zero, group, slot = _locate(param)
+    zero.finish_backward()
+    index = zero.groups.index(group)
+    unscale = zero.scaler.scale * zero._undone_at_unscale
+    if zero.stage in (0, 1):
+        local = zero.reducer.grad_flats[index][slot.offset:slot.end].float().clone()
+        world = dist.get_world_size(group.group)
+        if world > 1:
+            dist.all_reduce(local, group=group.group)
+        divisor = (group.average_over or world) if zero.reducer.average else 1
+        return (local / (divisor * unscale)).view(slot.shape)
+    shard = zero.reducer.grad_shards[index] if zero.stage == 2 else group.grad_shard
+    return _whole(zero, group, shard.float(), slot) / unscale
+
+
+def safe_get_full_optimizer_state(param: torch.Tensor, optim_state_key: str) -> torch.Tensor:
+    """The parameter's whole optimizer state `optim_state_key` ("exp_avg", "exp_avg_sq", ...)."""
+    zero, group, slot = _locate(param)
+    with zero.stepper.resident():
+        state = zero.optimizer.state.get(group.master_param, {})
+        if optim_state_key not in state or not torch.is_tensor(state[optim_state_key]):
+            raise ZeroError(f"{slot.name} has no optimizer state {optim_state_key!r}; it has {sorted(state)} (the "
+                            f"optimizer creates its state at the first step)")
+        return _whole(zero, group, state[optim_state_key].float(), slot)
