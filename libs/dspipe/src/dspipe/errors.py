@@ -7,3 +7,7 @@ class PipelineError(RuntimeError):
 
 class ScheduleError(PipelineError, ValueError):
     """A schedule that is malformed or cannot run: a broken dependency, an unmatched send, a bad argument."""
+
+
+class DeadlockError(ScheduleError):
+    """A schedule that cannot finish: every rank still running waits for something that never comes."""
