@@ -162,7 +162,7 @@ def destroy() -> None:
         dist.destroy_process_group()
 
 
-def shut_down_after_failure(failure: str, exc: BaseException) -> None:
+def shut_down_after_failure(failure: str, exc: BaseException) -> bool:
     """A peer is gone or never answered: leave every process group now, before the error propagates.
 
     After a timeout gloo has closed the group's connections, so the groups are of no further use.
@@ -170,13 +170,18 @@ def shut_down_after_failure(failure: str, exc: BaseException) -> None:
     interpreter shuts down: the path on which a run with a stopped rank once aborted with
     `terminate called without an active exception`. So torch's frames in the traceback let go of
     the group and its work, and the groups are destroyed here, with the interpreter whole.
+    NCCL is left to torch's own watchdog (which tears a timed-out job down): destroying a NCCL
+    group whose peer hangs can block. Returns whether the groups were shut down.
     """
     global _shut_down_by
+    if not is_initialized() or "nccl" in str(dist.get_backend()):
+        return False
     if exc.__traceback__ is not None:
         traceback.clear_frames(exc.__traceback__)  # the frames still running (ours) are left as they are
     _shut_down_by = failure
     with contextlib.suppress(Exception):  # already failing: the failure is the error to report
         destroy()
+    return True
 
 
 def shut_down_by() -> str | None:

@@ -133,8 +133,7 @@ def _failure(op: str, group: Any, exc: BaseException) -> CommError:
         why, fatal = "the backend refused it", False
     rank = dist.get_rank() if dist.is_initialized() else 0
     message = f"{op} failed on rank {rank} in {describe_group(group)}: {why} ({text})"
-    if fatal and dist.is_initialized():
-        shut_down_after_failure(message, exc)
+    if fatal and shut_down_after_failure(message, exc):
         message += "; dscomm shut the process groups down"
     return CommError(message)
 
