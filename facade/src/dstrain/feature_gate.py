@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from importlib.metadata import EntryPoint, entry_points
+from importlib.metadata import EntryPoint, PackageNotFoundError, entry_points, version
 from typing import Any
 
 import dsconfig
@@ -75,9 +75,19 @@ def provided_features(declared: Iterable[EntryPoint] | None = None) -> dict[str,
     return {point.name: point.value for point in declared if point.group == FEATURE_GROUP}
 
 
-def check_features(cfg: DeepSpeedConfig, raw: dict | None, provided: Mapping[str, str] | None = None) -> None:
+def _installed(distribution: str) -> bool:
+    try:
+        version(distribution)
+    except PackageNotFoundError:
+        return False
+    return True
+
+
+def check_features(cfg: DeepSpeedConfig, raw: dict | None, provided: Mapping[str, str] | None = None,
+                   installed: Callable[[str], bool] = _installed) -> None:
     """Raise UnsupportedFeatureError listing every key that turns on what no installed library
-    provides (`provided`: feature name -> module, default: what is installed)."""
+    provides (`provided`: feature name -> module, default: what is installed; `installed(name)`:
+    whether a distribution is installed, to tell "pip install it" from "this version lacks it")."""
     if provided is None:
         provided = provided_features()
     problems: list[Problem] = list(dsconfig.requested_unsupported(raw)) if raw is not None else []
@@ -85,9 +95,13 @@ def check_features(cfg: DeepSpeedConfig, raw: dict | None, provided: Mapping[str
         if not feature.is_on(cfg):
             continue
         if feature.name not in provided:
-            problems.append(Problem(feature.key, f"turns on {feature.what}, which needs the {feature.library} "
-                                                 f"library: `pip install {feature.library}`, or remove the key or "
-                                                 f"turn it off", feature.value(cfg)))
+            if installed(feature.library):
+                reason = (f"the installed {feature.library} does not provide it (a newer {feature.library} may); "
+                          f"remove the key or turn it off")
+            else:
+                reason = (f"which needs the {feature.library} library: `pip install {feature.library}`, or remove "
+                          f"the key or turn it off")
+            problems.append(Problem(feature.key, f"turns on {feature.what}, {reason}", feature.value(cfg)))
         elif feature.name not in ENGINE_COMPOSES:
             problems.append(Problem(feature.key, f"turns on {feature.what}: {provided[feature.name]} provides it, "
                                                  f"but this dstrain's engine does not compose it yet; remove the "
