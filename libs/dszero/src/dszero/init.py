@@ -27,7 +27,7 @@ import torch.distributed as dist
 import dscomm
 from dsconfig import OffloadParamConfig, ZeroConfig, resolve_auto
 
-from .errors import ZeroConfigError
+from .errors import ZeroConfigError, ZeroError
 from .offload.param_homes import ParamHomes
 from .stage3 import FUSED_MODULES, Unit
 
@@ -138,6 +138,7 @@ class Init:
 
     # ------------------------------------------------------------------ partitioning
     def _partition(self, module: torch.nn.Module, recurse: bool) -> None:
+        partitioned = False
         for name, param in module.named_parameters(recurse=recurse):
             if getattr(param, "_dszero_unit", None) is not None or not param.requires_grad:
                 continue
@@ -145,6 +146,20 @@ class Init:
                 param.data = param.data.to(self.dtype)
             Unit(module, [param], [f"{type(module).__name__}.{name}"], self.world, self.rank, param.dtype,
                  persistent=False, group=self.group, homes=self.homes, partition_only=True)
+            partitioned = True
+        if partitioned:
+            module.register_forward_pre_hook(_refuse_partitioned_call)
+
+
+def _refuse_partitioned_call(module: torch.nn.Module, args: Any) -> None:
+    """A module built under Init holds shards until a stage-3 engine takes its parameters over: calling it
+    before that would fail deep inside with an empty tensor's shape. Say what happened instead."""
+    for name, param in module.named_parameters(recurse=False):
+        unit = getattr(param, "_dszero_unit", None)
+        if unit is not None and unit.partition_only and not unit.resident:
+            raise ZeroError(f"{type(module).__name__} was built inside dszero.Init (zero.Init), so its parameter "
+                            f"{name!r} is partitioned across the ranks; call the model through the engine that "
+                            f"initialize() returns (ZeRO stage 3), or inside dszero.GatheredParameters")
 
 
 def _subclasses(cls: type) -> list[type]:
