@@ -33,6 +33,11 @@ _LAZY = {  # public name -> (module, attribute); attribute None means the module
     "zero": ("zero", None),
     "ops": ("ops", None),
     "lr_schedules": ("lr_schedules", None),
+    "accelerator": ("accelerator", None),
+    "utils": ("utils", None),
+    "runtime": ("runtime", None),
+    "DeepSpeedConfig": ("runtime.config", "DeepSpeedConfig"),
+    "log_dist": ("utils", "log_dist"),
 }
 
 
