@@ -280,6 +280,16 @@ class DeepSpeedEngine(torch.nn.Module):
 
         return "engine config:\n" + json.dumps(self.config, indent=2, sort_keys=True, default=str)
 
+    def offload_states(self, include: Any = None, device: str = "cpu", pin_memory: bool = True,
+                       non_blocking: bool = False) -> None:
+        """Move optimizer states and master weights to host memory until reload_states() (DeepSpeed's API)."""
+        self._require_optimizer("offload_states")
+        self.optimizer.offload_states(include, str(getattr(device, "value", device)), pin_memory, non_blocking)
+
+    def reload_states(self, non_blocking: bool = False) -> None:
+        self._require_optimizer("reload_states")
+        self.optimizer.reload_states(non_blocking)
+
     def destroy(self) -> None:
         """Close the monitors and give the garbage collector back."""
         self._parts.close()

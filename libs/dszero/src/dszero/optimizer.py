@@ -440,6 +440,38 @@ class ZeroOptimizer:
         with self.stepper.resident(write_back=True):
             load(self, directory, load_optimizer_states)
 
+    def offload_states(self, include: Any = None, device: str = "cpu", pin_memory: bool = True,
+                       non_blocking: bool = False) -> None:
+        """Move optimizer states (and separate master weights) to host memory, freeing the device between
+        phases (DeepSpeed's engine.offload_states, used by RLHF loops); reload_states() brings them back."""
+        kinds = {str(getattr(k, "value", k)) for k in include} if include is not None else {"optim_states", "hp_params"}
+        unknown = kinds - {"optim_states", "hp_params"}
+        if unknown or device != "cpu":
+            # lp_params / lp_grads / contiguous_grad_buffer would move the model's own flat buffers, which its
+            # parameters view: not offloadable here, so refused rather than silently kept.
+            raise ZeroError(f"offload_states(include={sorted(kinds)}, device={device!r}): dszero offloads "
+                            f"optim_states and hp_params, to device 'cpu'")
+        self._offloaded = getattr(self, "_offloaded", [])
+        for tensor in self._movable_states(kinds):
+            if tensor.device.type != "cpu":
+                moved = tensor.data.to("cpu", non_blocking=non_blocking)
+                self._offloaded.append((tensor, tensor.device))
+                tensor.data = moved.pin_memory() if pin_memory and torch.cuda.is_available() else moved
+
+    def reload_states(self, non_blocking: bool = False) -> None:
+        """Bring back what offload_states() moved, to the device each tensor came from."""
+        for tensor, home in getattr(self, "_offloaded", []):
+            tensor.data = tensor.data.to(home, non_blocking=non_blocking)
+        self._offloaded = []
+
+    def _movable_states(self, kinds: set[str]) -> list[torch.Tensor]:
+        found: list[torch.Tensor] = []
+        if "optim_states" in kinds:
+            found += [v for state in self.optimizer.state.values() for v in state.values() if torch.is_tensor(v)]
+        if "hp_params" in kinds:
+            found += [g.master for g in self.groups if getattr(g, "separate_master", False) and g.master is not None]
+        return found
+
     def effective_settings(self) -> dict[str, int]:
         """The tuning knobs this optimizer runs with, read from the parts that use them (config paths
         under zero_optimization), after dsconfig resolved any "auto": what to check a config against."""
