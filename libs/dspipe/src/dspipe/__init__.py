@@ -20,7 +20,17 @@ from .errors import PipelineError, ScheduleError
 
 # Public name -> the submodule that defines it. Names that need torch live here so that
 # `import dspipe.schedules` works where torch is not installed.
-_LAZY: dict[str, str] = {}
+_LAZY: dict[str, str] = {
+    "PipelineModule": ".module",
+    "DualPipeVModule": ".module",
+    "LayerSpec": ".layers",
+    "TiedLayerSpec": ".layers",
+    "partition_uniform": ".partition",
+    "partition_balanced": ".partition",
+    "PipelineRuntime": ".runtime",
+    "GradientSync": ".runtime",
+    "AveragedOptimizer": ".runtime",
+}
 
 __all__ = ["__version__", "PipelineError", "ScheduleError", "schedules", *_LAZY]
 
