@@ -111,8 +111,6 @@ INERT = [
      "zero_optimization.offload_optimizer", lambda c: c.zero_optimization.offload_optimizer is None),
     ("passes without DeepCompile", {"compile": {"passes": ["autosp"]}}, "compile.passes",
      lambda c: c.compile.passes == []),
-    ("random-LTD without the master switches", {"data_efficiency": {"data_routing": {"random_ltd": random_ltd()["data_efficiency"]["data_routing"]["random_ltd"]}}},
-     "data_efficiency.data_routing.random_ltd.enabled", lambda c: True),
     ("root_degree with fixed_linear", metric("fixed_linear", total_curriculum_step=10, difficulty_step=8,
                                              root_degree=2), f"{CURRICULUM}.schedule_config.root_degree",
      lambda c: True),
@@ -172,3 +170,34 @@ def test_nvme_optimizer_offload_is_allowed_at_stages_1_and_2():
         cfg = dsconfig.load({"train_batch_size": 4, "zero_optimization": {
             "stage": stage, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"}}})
         assert cfg.zero_optimization.optimizer_offload_device == "nvme"
+
+
+LEGACY = {"enabled": True, "curriculum_type": "seqlen", "min_difficulty": 8, "max_difficulty": 1024,
+          "schedule_type": "fixed_linear", "schedule_config": {"total_curriculum_step": 60000, "difficulty_step": 8}}
+
+
+def test_the_legacy_curriculum_section_is_parsed_and_checked():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        legacy = dsconfig.load({"train_batch_size": 8, "curriculum_learning": LEGACY}).curriculum_learning
+    assert (legacy.enabled, legacy.curriculum_type, legacy.min_difficulty, legacy.max_difficulty) == \
+        (True, "seqlen", 8, 1024)
+    assert legacy.schedule_config.total_curriculum_step == 60000
+    assert dsconfig.requested_unsupported({"curriculum_learning": LEGACY}) == []
+    broken = {**LEGACY, "schedule_config": {"difficulty_step": 8}, "min_difficulty": 2048}
+    with pytest.raises(dsconfig.ConfigError) as info:
+        dsconfig.load({"train_batch_size": 8, "curriculum_learning": broken})
+    assert set(info.value.paths) == {"curriculum_learning.schedule_config.total_curriculum_step",
+                                     "curriculum_learning.min_difficulty"}
+    with pytest.raises(dsconfig.ConfigError, match="curriculum_type"):
+        dsconfig.load({"train_batch_size": 8, "curriculum_learning": {**LEGACY, "curriculum_type": "vocab"}})
+
+
+def test_random_ltd_runs_from_its_own_key_as_in_deepspeed():
+    # DeepSpeed reads only random_ltd.enabled; the master switches do not turn it off (the engine warns).
+    alone = {"data_efficiency": {"data_routing": {"random_ltd": random_ltd()["data_efficiency"]["data_routing"]
+                                                  ["random_ltd"]}}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cfg = dsconfig.load(alone, strict=True)
+    assert cfg.data_efficiency.data_routing.random_ltd.enabled and "random-LTD" in cfg.enabled_features()

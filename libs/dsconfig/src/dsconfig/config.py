@@ -24,6 +24,7 @@ from .sections import (
     FlopsProfilerConfig,
     FP16Config,
     HybridEngineConfig,
+    LegacyCurriculumConfig,
     OptimizerConfig,
     PipelineConfig,
     SchedulerConfig,
@@ -78,6 +79,8 @@ class DeepSpeedConfig:
     activation_checkpointing: ActivationCheckpointingConfig = section(
         ActivationCheckpointingConfig, "Activation checkpointing.")
     data_efficiency: DataEfficiencyConfig = section(DataEfficiencyConfig, "Curriculum learning and random-LTD.")
+    curriculum_learning: LegacyCurriculumConfig = section(
+        LegacyCurriculumConfig, "The legacy sequence-length curriculum (before data_efficiency).")
 
     tensorboard: TensorBoardConfig = section(TensorBoardConfig, "TensorBoard monitor.")
     wandb: WandbConfig = section(WandbConfig, "Weights & Biases monitor.")

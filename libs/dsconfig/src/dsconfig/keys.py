@@ -100,8 +100,6 @@ KNOWN_KEYS: dict[tuple[str, str], KnownKey] = {
     ("", "quantize_training"): KnownKey("unsupported", "MoQ quantization is not part of dstrain"),
     ("", "eigenvalue"): KnownKey("unsupported", "eigenvalue computation (MoQ) is not part of dstrain"),
     ("", "progressive_layer_drop"): KnownKey("unsupported", "progressive layer dropping is not part of dstrain"),
-    ("", "curriculum_learning"): KnownKey(
-        "unsupported", "the legacy curriculum_learning section; use data_efficiency.data_sampling.curriculum_learning"),
     ("", "dynamic_train"): KnownKey(
         "unsupported", "the pre-release random-LTD section; use data_efficiency.data_routing.random_ltd"),
     ("", "sequence_parallel_size"): KnownKey("unsupported", "Ulysses sequence parallelism is not part of dstrain"),

@@ -189,11 +189,8 @@ def data_efficiency_rules(cfg: DeepSpeedConfig) -> Iterator[Finding]:
         if sched.min_value is not None and sched.max_value is not None and sched.min_value > sched.max_value:
             yield _error(f"{base}.random_ltd_schedule.min_value",
                          f"must not exceed max_value ({sched.max_value})", sched.min_value)
-        if not (de.enabled and de.data_routing.enabled):
-            yield Finding(Problem(f"{base}.enabled",
-                                  "random-LTD runs only with data_efficiency.enabled and "
-                                  "data_efficiency.data_routing.enabled also true; it is ignored"), inert=True,
-                          neutralize=_disable_random_ltd)
+        # DeepSpeed runs random-LTD from this key alone, whatever data_efficiency.enabled and
+        # data_routing.enabled say; dstrain does the same and its engine warns where those disagree.
 
     cl = de.data_sampling.curriculum_learning
     cl_base = "data_efficiency.data_sampling.curriculum_learning"
@@ -205,6 +202,14 @@ def data_efficiency_rules(cfg: DeepSpeedConfig) -> Iterator[Finding]:
         needs_clusters = any(m.clustering_type == "schedule_based" for m in cl.curriculum_metrics.values())
         if needs_clusters and cl.data_cluster_path is None:
             yield _error(f"{cl_base}.data_cluster_path", "schedule_based clustering needs a data_cluster_path")
+    yield from _legacy_curriculum_rules(cfg.curriculum_learning)
+
+
+def _legacy_curriculum_rules(legacy) -> Iterator[Finding]:
+    if legacy.enabled:
+        yield from _required("curriculum_learning", legacy, ("min_difficulty", "max_difficulty", "schedule_type"))
+    yield from _schedule_rules("curriculum_learning", legacy.min_difficulty, legacy.max_difficulty,
+                               legacy.schedule_type, legacy.schedule_config)
 
 
 _SCHEDULE_KEYS = {
@@ -221,16 +226,18 @@ def _curriculum_metric_rules(path: str, metric, enabled: bool) -> Iterator[Findi
         if metric.clustering_type == "schedule_based":
             yield from _required(path, metric, ("index_to_sample_path", "index_to_metric_path"))
     lo, hi = metric.min_difficulty, metric.max_difficulty
-    if lo is not None and hi is not None and lo > hi:
-        yield _error(f"{path}.min_difficulty", f"must not exceed max_difficulty ({hi})", lo)
     if metric.difficulty_type == "percentile":
         for key, value in (("min_difficulty", lo), ("max_difficulty", hi)):
             if value is not None and not 0 <= value <= 100:
                 yield _error(f"{path}.{key}", "a percentile must be between 0 and 100", value)
-    schedule = metric.schedule_type
+    yield from _schedule_rules(path, lo, hi, metric.schedule_type, metric.schedule_config)
+
+
+def _schedule_rules(path: str, lo, hi, schedule, config) -> Iterator[Finding]:
+    if lo is not None and hi is not None and lo > hi:
+        yield _error(f"{path}.min_difficulty", f"must not exceed max_difficulty ({hi})", lo)
     if schedule is None:
         return
-    config = metric.schedule_config
     yield from _required(f"{path}.schedule_config", config, _SCHEDULE_KEYS[schedule],
                          why=f"schedule_type {schedule!r} needs it")
     for key in {k for keys in _SCHEDULE_KEYS.values() for k in keys} - set(_SCHEDULE_KEYS[schedule]):
@@ -249,13 +256,6 @@ def _required(path: str, obj, keys, why: str = "required when enabled") -> Itera
     for key in keys:
         if getattr(obj, key) is None:
             yield _error(f"{path}.{key}", f"is missing ({why})")
-
-
-def _disable_random_ltd(cfg: DeepSpeedConfig) -> DeepSpeedConfig:
-    de = cfg.data_efficiency
-    ltd = attrs.evolve(de.data_routing.random_ltd, enabled=False)
-    routing = attrs.evolve(de.data_routing, random_ltd=ltd)
-    return attrs.evolve(cfg, data_efficiency=attrs.evolve(de, data_routing=routing))
 
 
 def tensor_parallel_rules(cfg: DeepSpeedConfig) -> Iterator[Finding]:

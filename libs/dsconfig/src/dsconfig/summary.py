@@ -36,11 +36,13 @@ def enabled_features(cfg: DeepSpeedConfig) -> list[str]:
         features.append(f"AutoEP size {cfg.expert_parallel.autoep_size}")
     if cfg.activation_checkpointing.partition_activations or cfg.activation_checkpointing.cpu_checkpointing:
         features.append("activation checkpointing")
-    de = cfg.data_efficiency
-    if de.enabled and de.data_sampling.curriculum_learning.enabled:
+    de = cfg.data_efficiency  # each technique runs from its own enabled key, as in DeepSpeed
+    if de.data_sampling.curriculum_learning.enabled:
         features.append("curriculum learning")
-    if de.enabled and de.data_routing.random_ltd.enabled:
+    if de.data_routing.random_ltd.enabled:
         features.append("random-LTD")
+    if cfg.curriculum_learning.enabled:
+        features.append(f"legacy {cfg.curriculum_learning.curriculum_type} curriculum")
     for name in ("tensorboard", "wandb", "comet", "csv_monitor", "comms_logger", "flops_profiler", "hybrid_engine",
                  "autotuning"):
         if getattr(cfg, name).enabled:

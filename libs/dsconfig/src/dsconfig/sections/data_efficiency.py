@@ -73,6 +73,19 @@ class CurriculumLearningConfig:
 
 
 @attrs.frozen
+class LegacyCurriculumConfig:
+    """The top-level `curriculum_learning` section of DeepSpeed before data_efficiency: sequence-length warmup."""
+
+    enabled: bool = setting(False, "Enable the legacy curriculum.")
+    curriculum_type: Literal["seqlen"] = setting(
+        "seqlen", "The difficulty is the sequence length, passed to the model's forward as curriculum_seqlen.")
+    min_difficulty: int | None = setting(None, "Difficulty at the first step.", ge=1)
+    max_difficulty: int | None = setting(None, "Final difficulty.", ge=1)
+    schedule_type: CurriculumScheduleType | None = setting(None, "Pacing function.")
+    schedule_config: CurriculumScheduleConfig = section(CurriculumScheduleConfig, "Parameters of the pacing function.")
+
+
+@attrs.frozen
 class DataSamplingConfig:
     enabled: bool = setting(False, "Enable data sampling techniques.")
     num_epochs: int = setting(1000, "At most this many epochs of the dataset are iterated.", ge=1)
