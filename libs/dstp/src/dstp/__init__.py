@@ -1,0 +1,52 @@
+"""dstp: AutoTP tensor parallelism for Hugging Face models from a DeepSpeed config's `tensor_parallel`
+section, and Domino's communication hiding (tp_overlap_comm).
+
+    plan = dstp.plan_for(model, 2, preset_model="llama")      # pure: every parameter and its split
+    print(plan.format())
+    tp = dstp.parallelize(model, groups.tensor, plan)          # cut in place, layers swapped
+"""
+
+from ._version import __version__
+from .apply import TensorParallelModel, parallelize, param_infos, plan_for, state_of
+from .comm import CommClock, TensorGroup
+from .errors import TensorParallelError
+from .geometry import ModelGeometry
+from .hf_plan import specs_from_hf_plan
+from .layers import ColumnParallelLinear, RowParallelLinear
+from .overlap import HalfBatchOverlap
+from .plan import ParamInfo, ParamPlan, TensorParallelPlan, build_plan
+from .presets import PRESETS, preset_specs
+from .rules import resolve_specs
+from .shard import merge_shards, shard_tensor
+from .specs import LayerSpec, specs_from_config
+from .vocab import VocabParallelCausalLMLoss, vocab_parallel_cross_entropy
+
+__all__ = [
+    "PRESETS",
+    "ColumnParallelLinear",
+    "CommClock",
+    "HalfBatchOverlap",
+    "LayerSpec",
+    "ModelGeometry",
+    "ParamInfo",
+    "ParamPlan",
+    "RowParallelLinear",
+    "TensorGroup",
+    "TensorParallelError",
+    "TensorParallelModel",
+    "TensorParallelPlan",
+    "VocabParallelCausalLMLoss",
+    "__version__",
+    "build_plan",
+    "merge_shards",
+    "parallelize",
+    "param_infos",
+    "plan_for",
+    "preset_specs",
+    "resolve_specs",
+    "shard_tensor",
+    "specs_from_config",
+    "specs_from_hf_plan",
+    "state_of",
+    "vocab_parallel_cross_entropy",
+]

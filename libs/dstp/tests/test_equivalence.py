@@ -1,0 +1,83 @@
+"""Tensor parallel equals one process: tiny Llama (GQA), Qwen2, Mixtral and Phi-3 (fused QKV) cut over 2
+and 4 gloo ranks train exactly as the whole model on every rank (float64): the loss of each step,
+every gradient (the shards gathered and merged by the plan) and the parameters after the steps.
+With tp_overlap_comm (two half-batches, asynchronous all-reduces) and with the vocab-parallel head."""
+
+import copy
+
+import pytest
+import tiny_models
+import torch
+
+import dscomm
+import dstp
+from dscomm.testing import run_ranks
+
+STEPS = 3
+
+
+def gathered(tensor: torch.Tensor, pp: dstp.ParamPlan, group, tp: int) -> torch.Tensor:
+    if not pp.sharded:
+        return tensor
+    shards = [torch.empty_like(tensor) for _ in range(tp)]
+    torch.distributed.all_gather(shards, tensor.contiguous(), group=group)
+    return dstp.merge_shards(shards, pp)
+
+
+def train_and_compare(rank, world, family, overlap=False, vocab=False, batch=4, extra=None):
+    groups = dscomm.ParallelDims(world, tensor=world).build()
+    model = tiny_models.model(family, **(extra or {}))
+    reference = copy.deepcopy(model)
+    state = dstp.parallelize(model, groups.tensor, preset_model=family, tp_overlap_comm=overlap,
+                             vocab_parallel_lm_head=vocab)
+    names = dict(model.named_parameters())
+    ref_names = dict(reference.named_parameters())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    ref_optimizer = torch.optim.AdamW(reference.parameters(), lr=0.01)
+    worst = {"loss": 0.0, "grad": 0.0, "param": 0.0}
+    for step in range(STEPS):
+        ids = tiny_models.tokens(step, batch)
+        loss = model(input_ids=ids, labels=ids).loss
+        if vocab:  # the whole logits' loss in float64 (HF's own loss rounds logits to float32)
+            logits = reference(input_ids=ids).logits
+            ref_loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
+                                                         ids[:, 1:].reshape(-1))
+        else:
+            ref_loss = reference(input_ids=ids, labels=ids).loss
+        loss.backward()
+        ref_loss.backward()
+        worst["loss"] = max(worst["loss"], abs(loss.item() - ref_loss.item()))
+        for name, pp in state.plan.params.items():
+            grad = gathered(names[name].grad, pp, groups.tensor, world)
+            worst["grad"] = max(worst["grad"], (grad - ref_names[name].grad).abs().max().item())
+        optimizer.step()
+        ref_optimizer.step()
+        optimizer.zero_grad()
+        ref_optimizer.zero_grad()
+    for name, pp in state.plan.params.items():
+        whole = gathered(names[name].data, pp, groups.tensor, world)
+        worst["param"] = max(worst["param"], (whole - ref_names[name].data).abs().max().item())
+    sharded = sum(1 for p in model.parameters() if dscomm.is_tensor_parallel(p))
+    return worst, sharded, state.clock.collectives
+
+
+# Mixtral's router takes its softmax in float32, so its routing weights carry float32 rounding.
+TOLERANCE = {"mixtral": 1e-5}
+# 4 ranks need 4 key/value heads: 8 query heads over 4 key/value heads keeps it grouped-query.
+WIDER = {"num_attention_heads": 8, "num_key_value_heads": 4}
+
+
+@pytest.mark.parametrize(("family", "world"), [(f, 2) for f in tiny_models.FAMILIES] + [("llama", 4), ("phi3", 4)])
+def test_tp2_and_tp4_equal_one_process(family, world):
+    results = run_ranks(train_and_compare, world, family, extra=WIDER if world == 4 else None, timeout=240)
+    tolerance = TOLERANCE.get(family, 1e-10)
+    for worst, sharded, collectives in results:
+        assert max(worst.values()) < tolerance, (family, world, worst)
+        assert sharded > 0 and collectives > 0
+
+
+def test_overlap_on_equals_off_and_vocab_parallel_loss_equals_the_gathered_loss():
+    """tp_overlap_comm (two half-batches of 2, asynchronous all-reduces in forward and backward) and the
+    vocab-parallel head (logits never gathered) train exactly as the whole model, together."""
+    for worst, _, _ in run_ranks(train_and_compare, 2, "llama", overlap=True, vocab=True, timeout=240):
+        assert max(worst.values()) < 1e-10, worst
