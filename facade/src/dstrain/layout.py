@@ -9,11 +9,46 @@ from dsconfig import ConfigError, DeepSpeedConfig, Problem
 from .errors import UnsupportedFeatureError
 
 
-def parallel_dims(cfg: DeepSpeedConfig, world_size: int) -> dscomm.ParallelDims:
+# The axes the plain engine cannot spread over yet: only one rank along each.
+ENGINE_RUNS_ONLY_ONE = ("pipeline.stages",)
+
+
+def data_parallel_size(source_degrees: dict[str, int], world_size: int) -> int:
+    """The data-parallel size a config's batch triple resolves at: the world over pipe x tensor (the world
+    itself when they do not divide it; parallel_dims then names every factor)."""
+    model = 1
+    for degree in source_degrees.values():
+        model *= max(int(degree), 1)
+    return world_size // model if model and world_size % model == 0 else world_size
+
+
+def requested_degrees(source) -> dict[str, int]:
+    """pipeline.stages and tensor_parallel.autotp_size as a config source asks for them (before it is loaded
+    at its data-parallel size); values that are not positive integers count as 1 (loading reports them)."""
+    import dsconfig
+
+    if isinstance(source, DeepSpeedConfig):
+        raw = {"pipeline": {"stages": source.pipeline.stages},
+               "tensor_parallel": {"autotp_size": source.tensor_parallel.autotp_size}}
+    else:
+        try:
+            raw, _ = dsconfig.read_source(source)
+        except ConfigError:
+            return {}
+    degrees = {}
+    for section, key in (("pipeline", "stages"), ("tensor_parallel", "autotp_size")):
+        value = raw.get(section, {}).get(key) if isinstance(raw.get(section), dict) else None
+        degrees[f"{section}.{key}"] = value if isinstance(value, int) and not isinstance(value, bool) and value > 1 \
+            else 1
+    return degrees
+
+
+def parallel_dims(cfg: DeepSpeedConfig, world_size: int, *, tensor: int | None = None) -> dscomm.ParallelDims:
     """The layout of a run of `cfg` on `world_size` ranks: pipe x tensor x data from pipeline.stages and
-    tensor_parallel.autotp_size. The plain engine runs pipe 1 x tensor 1; any other layout is refused by key."""
+    tensor_parallel.autotp_size (`tensor`: a Megatron mpu's model-parallel size instead). The plain engine runs pipe 1 x any tensor degree (dstp cuts the model over
+    the tensor group, ZeRO partitions over the data group); other layouts are refused by key."""
     degrees = {"pipeline.stages": cfg.pipeline.stages if isinstance(cfg.pipeline.stages, int) else 1,
-               "tensor_parallel.autotp_size": max(cfg.tensor_parallel.autotp_size, 1)}
+               "tensor_parallel.autotp_size": tensor or max(cfg.tensor_parallel.autotp_size, 1)}
     pipe, tensor = degrees.values()
     try:
         dims = dscomm.ParallelDims(world_size, pipe=pipe, tensor=tensor)
@@ -21,7 +56,7 @@ def parallel_dims(cfg: DeepSpeedConfig, world_size: int) -> dscomm.ParallelDims:
         raise ConfigError([Problem(key, str(exc), value) for key, value in degrees.items() if value > 1]) from None
     unrunnable = [Problem(key, f"needs a {dims} layout, but this engine trains data parallel only (pipe 1 x "
                                f"tensor 1 x data {world_size}); remove the key or set it to 1", value)
-                  for key, value in degrees.items() if value > 1]
+                  for key, value in degrees.items() if value > 1 and key in ENGINE_RUNS_ONLY_ONE]
     if unrunnable:
         raise UnsupportedFeatureError(unrunnable)
     return dims
