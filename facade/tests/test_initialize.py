@@ -81,13 +81,6 @@ def test_a_turned_off_unsupported_feature_is_accepted():
     assert result[0] == 4
 
 
-def test_client_optimizer_and_config_optimizer_together_are_refused():
-    model = make_model()
-    name, message = run_ranks(_error, 1, config=config(optimizer=ADAMW),
-                              optimizer=torch.optim.SGD(model.parameters(), lr=0.1))[0]
-    assert name == "ConfigError" and "optimizer" in message
-
-
 def _loader_shards(rank, world):
     _, _, loader, _ = dstrain.initialize(model=make_model(), training_data=TokenDataset(size=32),
                                          config=config(micro=4, optimizer=ADAMW))

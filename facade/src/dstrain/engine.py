@@ -65,7 +65,13 @@ class DeepSpeedEngine(torch.nn.Module):
         self._compiled = False
         if config.dump_state:
             log_on_rank0(self.global_rank, self._state_text())
-        features = ", ".join(config.enabled_features()) or "plain data parallelism"
+        # What trains, not what the config named: a client's optimizer or scheduler wins over the config's.
+        named = {f"optimizer {config.optimizer.type}" if config.optimizer else None,
+                 f"scheduler {config.scheduler.type}" if config.scheduler else None}
+        features = [f for f in config.enabled_features() if f not in named]
+        features += [f"{kind} {type(obj).__name__}" for kind, obj in
+                     (("optimizer", parts.basic_optimizer), ("scheduler", parts.lr_scheduler)) if obj is not None]
+        features = ", ".join(features) or "plain data parallelism"
         log_on_rank0(self.global_rank, f"engine ready: {self.dp_world_size} data-parallel rank(s), {features}; "
                                        f"batch {self.train_batch_size()} = micro {self.train_micro_batch_size_per_gpu()}"
                                        f" x accumulation {self.gradient_accumulation_steps()} x ranks "

@@ -159,7 +159,8 @@ class _Schedule:
 class WarmupLR(_Schedule):
     """Raise the lr from warmup_min_lr to warmup_max_lr over warmup_num_steps ('log' or 'linear'), then hold.
 
-    warmup_max_lr defaults to the lr of the optimizer's first param group.
+    warmup_max_lr defaults to each param group's own lr (as DeepSpeed does since 2026: a model whose groups
+    have different learning rates keeps them).
     """
 
     def __init__(self, optimizer: Any, warmup_min_lr: float | list = 0.0, warmup_max_lr: float | list | None = None,
@@ -167,7 +168,7 @@ class WarmupLR(_Schedule):
         _check_warmup(warmup_num_steps, warmup_type)
         self.optimizer = _param_groups_owner(optimizer)
         if warmup_max_lr is None:
-            warmup_max_lr = self.optimizer.param_groups[0]["lr"]
+            warmup_max_lr = [group["lr"] for group in self.optimizer.param_groups]
         self.min_lrs = _per_group(self.optimizer, warmup_min_lr, "warmup_min_lr")
         self.max_lrs = _per_group(self.optimizer, warmup_max_lr, "warmup_max_lr")
         self.delta_lrs = [high - low for high, low in zip(self.max_lrs, self.min_lrs)]

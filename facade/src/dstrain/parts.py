@@ -7,6 +7,7 @@ an engine."""
 from __future__ import annotations
 
 import gc
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -124,8 +125,10 @@ def broadcast_module_state(module: torch.nn.Module, group: Any) -> None:
 def _basic_optimizer(config: DeepSpeedConfig, client: Any, params: Any) -> torch.optim.Optimizer | None:
     section = config.optimizer
     if client is not None and section is not None:
-        raise ConfigError(Problem("optimizer", f"initialize() was given an optimizer ({type(client).__name__}) "
-                                               f"and the config names one ({section.type}); keep one of them"))
+        # DeepSpeed's documented rule: the client's object wins over the config's section.
+        warnings.warn(f"initialize() was given an optimizer ({type(client).__name__}) and the config's optimizer "
+                      f"section names {section.type}: training with the one passed to initialize(), as DeepSpeed "
+                      f"does; remove the config's section to silence this", stacklevel=4)
     if client is None:
         if section is None:
             return None
@@ -166,8 +169,9 @@ def _zero_optimizer(config: DeepSpeedConfig, module: torch.nn.Module, basic: tor
 def _scheduler(config: DeepSpeedConfig, client: Any, optimizer: Any) -> Any:
     section = config.scheduler
     if client is not None and section is not None:
-        raise ConfigError(Problem("scheduler", f"initialize() was given an lr_scheduler ({type(client).__name__}) "
-                                               f"and the config names one ({section.type}); keep one of them"))
+        warnings.warn(f"initialize() was given an lr_scheduler ({type(client).__name__}) and the config's scheduler "
+                      f"section names {section.type}: stepping the one passed to initialize(), as DeepSpeed does; "
+                      f"remove the config's section to silence this", stacklevel=4)
     if client is None:
         if section is None:
             return None

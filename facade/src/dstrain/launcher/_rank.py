@@ -5,12 +5,17 @@
 torchrun sets LOCAL_RANK, RANK and WORLD_SIZE; DeepSpeed scripts also expect `--local_rank=N` as
 their first argument, which torchrun does not pass, so this wrapper inserts it (unless
 `--no_local_rank`) and then runs the script as `__main__`, as `python SCRIPT ARGS` would. It is
-run by path, so it imports nothing from dstrain and the script's own imports start from scratch.
+run by path and imports nothing from dstrain but the small `dstrain.as_deepspeed` hook (where no real
+DeepSpeed is installed and DSTRAIN_DEEPSPEED_ALIAS is not "0"), so an unchanged DeepSpeed script's
+`import deepspeed` runs on dstrain.
 """
 
+import importlib.util
 import os
 import runpy
 import sys
+
+ALIAS_ENV = "DSTRAIN_DEEPSPEED_ALIAS"  # "0" (the launcher's --no_deepspeed_alias): leave `import deepspeed` alone
 
 
 def main() -> None:
@@ -21,6 +26,9 @@ def main() -> None:
         local_rank = local_rank and flag != "--no_local_rank"
         module = module or flag == "--module"
     target, rest = args[0], args[1:]
+    # An unchanged DeepSpeed script imports `deepspeed`: resolve it to dstrain where no real DeepSpeed is installed.
+    if os.environ.get(ALIAS_ENV, "1") != "0" and importlib.util.find_spec("deepspeed") is None:
+        import dstrain.as_deepspeed  # noqa: F401
     if local_rank:
         rest = [f"--local_rank={os.environ.get('LOCAL_RANK', '0')}", *rest]
     if module:

@@ -52,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no_local_rank", action="store_true",
                    help="do not pass --local_rank=N to the script (LOCAL_RANK is always set)")
     p.add_argument("--module", action="store_true", help="the script is a module name, run as `python -m`")
+    p.add_argument("--no_deepspeed_alias", action="store_true",
+                   help="do not resolve the script's `import deepspeed` to dstrain (by default it is, where no "
+                        "real DeepSpeed is installed)")
     p.add_argument("--stop_grace", type=float, default=10.0, metavar="SECONDS",
                    help="when stopping a job, seconds between SIGTERM and SIGKILL (default 10)")
     p.add_argument("--dry_run", action="store_true", help="print each node's command and exit")
@@ -100,7 +103,9 @@ def plan(args: argparse.Namespace, environ: dict[str, str] | None = None) -> tup
     job = Job(script=args.script, script_args=tuple(args.script_args), nodes=nodes, master_addr=master,
               master_port=args.master_port, python=sys.executable, cwd=os.getcwd(),
               local_rank_arg=not args.no_local_rank, module=args.module,
-              set_visible_devices=visible_devices, extra_env=exported_environment(environ),
+              set_visible_devices=visible_devices,
+              extra_env={**exported_environment(environ), **({"DSTRAIN_DEEPSPEED_ALIAS": "0"}
+                                                              if args.no_deepspeed_alias else {})},
               grace=args.stop_grace)
     if args.no_ssh:
         if args.node_rank is None or not 0 <= args.node_rank < len(nodes):
