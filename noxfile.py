@@ -29,7 +29,8 @@ LAYERS: dict[str, set[str]] = {
     "dspipe": {"dsconfig", "dscomm"},
     "dsmoe": {"dsconfig", "dscomm"},
     "dstp": {"dsconfig", "dscomm"},
-    "dstrain": {"dsconfig", "dscomm", "dsaio", "dsmonitor", "dszero", "dspipe", "dsmoe", "dstp"},
+    "dsdata": {"dsconfig", "dscomm"},
+    "dstrain": {"dsconfig", "dscomm", "dsaio", "dsmonitor", "dszero", "dspipe", "dsmoe", "dstp", "dsdata"},
 }
 
 # A library tested a second time with another extra: session name -> (library, extra, modules that
