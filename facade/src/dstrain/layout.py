@@ -8,7 +8,6 @@ from dsconfig import ConfigError, DeepSpeedConfig, Problem
 
 from .errors import UnsupportedFeatureError
 
-
 # The axes the plain engine cannot spread over yet: only one rank along each.
 ENGINE_RUNS_ONLY_ONE = ("pipeline.stages",)
 
