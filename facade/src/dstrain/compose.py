@@ -25,6 +25,8 @@ import torch
 
 from dsconfig import DeepSpeedConfig
 
+from .wiring_dstp import apply_tensor_parallel  # 1. dstp
+
 
 @dataclass
 class Composed:
@@ -48,7 +50,6 @@ def _unchanged(composed: Composed, config: DeepSpeedConfig, groups: Any) -> Comp
 
 
 # The steps, in order. A library's wiring replaces its placeholder with its own function.
-apply_tensor_parallel = _unchanged  # 1. dstp
 apply_experts = _unchanged  # 2. dsmoe
 apply_random_ltd = _unchanged  # 3. dsdata
 apply_activation_checkpointing = _unchanged  # 4. configured by parts from the config's section
