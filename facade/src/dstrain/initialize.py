@@ -14,7 +14,8 @@ from .config_source import load_config, pick_source
 from .engine import DeepSpeedEngine
 from .errors import DstrainError
 from .feature_gate import check_features
-from .layout import parallel_dims
+from .layout import data_parallel_size, parallel_dims, requested_degrees
+from .wiring_dstp import check_mpu, mpu_tensor_size
 
 
 def initialize(args: Any = None, model: torch.nn.Module | None = None, optimizer: Any = None,
@@ -32,22 +33,28 @@ def initialize(args: Any = None, model: torch.nn.Module | None = None, optimizer
     """
     if model is None:
         raise TypeError("initialize() needs model=<your torch.nn.Module>")
-    if mpu is not None or mesh_param is not None:
-        raise DstrainError("initialize(mpu=..., mesh_param=...): model/tensor parallelism is not part of dstrain yet; "
-                           "remove the argument to train data-parallel")
+    if mesh_param is not None:
+        raise DstrainError("initialize(mesh_param=...): device meshes are not part of dstrain yet; give the layout "
+                           "in the config (tensor_parallel.autotp_size) or pass a Megatron-style mpu")
     _start_distributed(distributed_port, dist_init_required)
     world = dscomm.get_world_size()
     source = pick_source(args, config, config_params)
-    # The plain engine's layout is all data parallel, so the batch triple resolves at the world size.
-    cfg, raw = load_config(source, world, strict=strict_config)
+    # The batch triple resolves at the data-parallel size: the world over pipe x tensor (an mpu's, if given).
+    degrees = requested_degrees(source)
+    if mpu is not None:
+        degrees["tensor_parallel.autotp_size"] = mpu_tensor_size(mpu, degrees.get("tensor_parallel.autotp_size", 1))
+    cfg, raw = load_config(source, data_parallel_size(degrees, world), strict=strict_config)
     check_features(cfg, raw)
-    groups = parallel_dims(cfg, world).build()  # collective: every rank creates every group
+    tensor = degrees["tensor_parallel.autotp_size"] if mpu is not None else None
+    groups = parallel_dims(cfg, world, tensor=tensor).build()  # collective: every rank creates every group
+    if mpu is not None:
+        check_mpu(mpu, groups)
     dscomm.groups.use(groups)
     composed = compose(model, cfg, groups, model_parameters)  # every parallelism, in its one order
     engine = DeepSpeedEngine(model=composed.model, config=cfg, optimizer=optimizer,
                              model_parameters=composed.model_parameters, training_data=training_data,
                              lr_scheduler=lr_scheduler, collate_fn=collate_fn, data_parallel_group=groups.data,
-                             groups=groups)
+                             groups=groups, step_hooks=composed.step_hooks)
     return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler
 
 
