@@ -49,6 +49,12 @@ def _autotp_size(cfg: DeepSpeedConfig) -> int:
     return cfg.tensor_parallel.autotp_size if cfg.tensor_parallel.autotp_size > 1 else 0
 
 
+def _data_efficiency(cfg: DeepSpeedConfig) -> bool:
+    # DeepSpeed runs curriculum learning and random-LTD from their own keys, whatever data_efficiency.enabled says.
+    de = cfg.data_efficiency
+    return de.enabled or de.data_sampling.curriculum_learning.enabled or de.data_routing.random_ltd.enabled
+
+
 GATED_FEATURES = (
     GatedFeature("pipeline", "pipeline.stages", "pipeline parallelism", "dspipe", _pipeline_stages),
     GatedFeature("tensor_parallel.autotp_size", "tensor_parallel.autotp_size", "AutoTP tensor parallelism", "dstp",
@@ -56,11 +62,14 @@ GATED_FEATURES = (
     GatedFeature("expert_parallel.enabled", "expert_parallel.enabled", "AutoEP expert parallelism", "dsmoe",
                  lambda cfg: cfg.expert_parallel.enabled),
     GatedFeature("data_efficiency.enabled", "data_efficiency.enabled",
-                 "data efficiency (curriculum learning, random-LTD)", "dsdata", lambda cfg: cfg.data_efficiency.enabled),
+                 "data efficiency (curriculum learning, random-LTD)", "dsdata", _data_efficiency),
+    GatedFeature("curriculum_learning.enabled", "curriculum_learning.enabled", "the legacy seqlen curriculum",
+                 "dsdata", lambda cfg: cfg.curriculum_learning.enabled),
 )
 
 # Gated features whose library, once installed, this version's engine also composes into training.
-ENGINE_COMPOSES: frozenset[str] = frozenset()
+ENGINE_COMPOSES: frozenset[str] = frozenset({"tensor_parallel.autotp_size", "data_efficiency.enabled",
+                                             "curriculum_learning.enabled"})
 
 _NEVER_PROVIDED = (("hybrid_engine.enabled", "the hybrid engine", lambda cfg: cfg.hybrid_engine.enabled),
                    ("autotuning.enabled", "the autotuner", lambda cfg: cfg.autotuning.enabled),
