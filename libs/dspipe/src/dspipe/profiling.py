@@ -7,7 +7,6 @@ boundaries, so the first rank's timings are broadcast to all.
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -24,7 +23,8 @@ REPEATS = 3
 
 
 def profile_layer_times(layers: Sequence[Any], sample_input: Any, method: str) -> list[float]:
-    """Seconds per layer (median of REPEATS forward + backward runs), the same list on every rank."""
+    """Seconds per layer (the fastest of REPEATS forward + backward runs after one warm-up, which load on
+    the machine only slows), the same list on every rank."""
     if sample_input is None:
         raise PipelineError(f"partition_method={method!r} times each layer on a sample micro-batch: pass "
                             f"PipelineModule(..., sample_input=<one micro-batch of the first stage's input>)")
@@ -52,15 +52,16 @@ def _instance(spec: Any, built: dict[str, torch.nn.Module]) -> Any:
 def _time_layer(layer: Any, inputs: Any) -> tuple[float, Any]:
     runs = []
     output = None
-    for _ in range(REPEATS):
+    for attempt in range(REPEATS + 1):
         leaves = _fresh_leaves(inputs)
         start = time.perf_counter()
         output = layer(leaves)
         grads = [t for t in _tensors(output) if t.requires_grad]
         if grads:
             torch.autograd.backward(grads, [torch.ones_like(t) for t in grads])
-        runs.append(time.perf_counter() - start)
-    return statistics.median(runs), _detached(output)
+        if attempt:  # the first run pays one-time costs (allocations, autograd set-up)
+            runs.append(time.perf_counter() - start)
+    return min(runs), _detached(output)
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
