@@ -132,6 +132,11 @@ class ZeroOptimizer:
                                   pin_master=bool(self.offload and offload.pin_memory),
                                   own_master=self.offload)  # offloaded masters get their own host buffers
             self.groups = self.reducer.units
+            # norm_replicas needs no group of its own: each unit counts its replicas in the norm (tensor parallel).
+            unit_of = {id(unit.master_param): unit for unit in self.groups}
+            for settings, param_group in zip(self._group_settings, optimizer.param_groups):
+                for master in param_group["params"]:
+                    unit_of[id(master)].norm_replicas = settings["norm_replicas"]
         else:
             self.param_homes = None
             self.groups = self._flatten(module, optimizer)
