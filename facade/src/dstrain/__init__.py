@@ -18,6 +18,7 @@ from ._version import __version__
 
 _LAZY = {  # public name -> (module, attribute); attribute None means the module itself
     "initialize": ("initialize", "initialize"),
+    "tp_model_init": ("wiring_dstp", "tp_model_init"),
     "add_config_arguments": ("arguments", "add_config_arguments"),
     "init_distributed": ("comm", "init_distributed"),
     "DeepSpeedEngine": ("engine", "DeepSpeedEngine"),
