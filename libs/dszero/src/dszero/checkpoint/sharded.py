@@ -29,10 +29,10 @@ import dsaio
 import dscomm
 
 from ..errors import CheckpointError
-from ..layout import reshard_reads
 from .atomic import swap_into_place, write_text_atomically
 from .manifest import verify_manifest, write_manifest
-from .shard_index import Entry, ShardIndex, group_key, layout_to_json, shard_name
+from .param_reads import read_plan
+from .shard_index import Entry, ShardIndex, layout_to_json, shard_name
 from .writers import is_shared_file_writer
 
 if TYPE_CHECKING:
@@ -150,18 +150,20 @@ def load(zero: ZeroOptimizer, directory: str | os.PathLike, load_optimizer_state
     index = ShardIndex(path)
     optimizer_state: dict[int, dict[str, Any]] = {}
     for position, flat in enumerate(zero.groups):
-        saved = _saved_shards(index, flat, position, path, zero.rank)
-        reads = reshard_reads(next(iter(saved.values())).layout, flat.layout.world_size, flat.shard_rank)
+        # By the group's parameters, or parameter by parameter where they were grouped otherwise (experts).
+        reads = read_plan(index, flat, zero.rank)
+        if reads is None:
+            raise CheckpointError(_mismatch(index, flat, position, path))
         master = torch.zeros(flat.shard_numel, dtype=torch.float32)
-        _gather_pieces(master, reads, index, saved, "master", path)
+        _gather_pieces(master, reads, index, "master")
         flat.master.copy_(master)
         if load_optimizer_states:
-            home = saved.get(flat.shard_rank) or next(iter(saved.values()))
+            home = _home(index, flat, reads)
             per_param: dict[str, Any] = {}
             for key in index.state_keys(home):
                 sample = index.tensor(home, f"state.{key}")
                 value = torch.zeros(flat.shard_numel, dtype=sample.dtype)
-                _gather_pieces(value, reads, index, saved, f"state.{key}", path)
+                _gather_pieces(value, reads, index, f"state.{key}")
                 per_param[key] = value
             for key, value in home.scalars.items():
                 per_param[key] = torch.tensor(value, dtype=torch.float32) if key == "step" else value
@@ -178,23 +180,17 @@ def load(zero: ZeroOptimizer, directory: str | os.PathLike, load_optimizer_state
     zero._share_updated_weights()
 
 
-def _saved_shards(index: ShardIndex, flat: Any, position: int, path: Path, rank: int) -> dict[int, Entry]:
-    """The saved shards of this group, by their rank in its saved process group (one entry each,
-    this rank's own file preferred where several hold the same shard)."""
-    found = index.instances(group_key(flat.layout))
-    if not found:
-        raise CheckpointError(_mismatch(index, flat, position, path))
-    own = f"zero_shard_{rank:05d}-"
-    return {r: next((e for e in entries if e.file.name.startswith(own)), entries[0]) for r, entries in found.items()}
+def _home(index: ShardIndex, flat: Any, reads: list) -> Entry:
+    """A saved entry of this group, whose state keys and per-group scalars (the step) are taken."""
+    if reads:
+        return reads[0][0]
+    first = flat.layout.slots[0]  # this rank's shard holds only padding: any holder of the group will do
+    return next(e for e in index.entries if any(s.name == first.name for s in e.layout.slots))
 
 
-def _gather_pieces(target: torch.Tensor, reads, index: ShardIndex, saved: dict[int, Entry], kind: str,
-                   path: Path) -> None:
-    for old_rank, start, end, at in reads:
-        if old_rank not in saved:
-            raise CheckpointError(f"{path}: the shard of rank {old_rank} of a parameter group is missing (its file "
-                                  f"is not in this directory)")
-        target[at: at + end - start].copy_(index.tensor(saved[old_rank], kind)[start:end].to(target.dtype))
+def _gather_pieces(target: torch.Tensor, reads, index: ShardIndex, kind: str) -> None:
+    for entry, start, end, at in reads:
+        target[at: at + end - start].copy_(index.tensor(entry, kind)[start:end].to(target.dtype))
 
 
 def _mismatch(index: ShardIndex, flat: Any, position: int, path: Path) -> str:
