@@ -88,6 +88,10 @@ class ExpertParallelConfig:
         return self.expert_w3 == _UNSET
 
 
+# dspipe's training schedules (dsconfig imports no library, so the names are listed here too).
+PipelineSchedule = Literal["gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zbv", "dualpipev"]
+
+
 @attrs.frozen
 class PipelineConfig:
     stages: int | Auto = setting("auto", "Pipeline stages; auto takes the PipelineModule's num_stages.", ge=1,
@@ -98,3 +102,7 @@ class PipelineConfig:
     pipe_partitioned: bool = setting(True, "Partition activations sent between stages over the tensor-parallel group.")
     grad_partitioned: bool = setting(True, "Partition gradients sent between stages over the tensor-parallel group.")
     use_reentrant: bool = setting(True, "Use reentrant activation checkpointing.")
+    schedule: PipelineSchedule = setting(
+        "1f1b", "Training schedule: 1f1b (DeepSpeed's), gpipe, interleaved_1f1b (a PipelineModule with chunks > 1), "
+                "zb_h1 (zero bubble), zbv or dualpipev (a DualPipeVModule, which picks dualpipev when the key is "
+                "absent).")
