@@ -30,32 +30,35 @@ class Kind(enum.Enum):
     REDUCE_GRAD = "REDUCE_GRAD"  # stage s's gradients are complete: reduce them over the data-parallel group
     STEP = "STEP"  # optimizer step of this rank
 
+    # Membership is tested on the value string: hashing an Enum member runs Python code, and these
+    # properties sit in the simulator's inner loops.
     @property
     def is_compute(self) -> bool:
-        return self in COMPUTE_KINDS
+        return self._value_ in _COMPUTE_VALUES
 
     @property
     def is_backward(self) -> bool:
-        return self in (Kind.B, Kind.I, Kind.W)
+        return self._value_ in _BACKWARD_VALUES
 
     @property
     def is_send(self) -> bool:
-        return self in (Kind.SEND_F, Kind.SEND_B)
+        return self._value_ in _SEND_VALUES
 
     @property
     def is_recv(self) -> bool:
-        return self in (Kind.RECV_F, Kind.RECV_B)
+        return self._value_ in _RECV_VALUES
 
     @property
     def is_comm(self) -> bool:
-        return self.is_send or self.is_recv
+        return self._value_ in _COMM_VALUES
 
 
+_COMPUTE_VALUES = frozenset("FBIW")
+_BACKWARD_VALUES = frozenset("BIW")
+_SEND_VALUES = frozenset({"SEND_F", "SEND_B"})
+_RECV_VALUES = frozenset({"RECV_F", "RECV_B"})
+_COMM_VALUES = _SEND_VALUES | _RECV_VALUES
 COMPUTE_KINDS = frozenset({Kind.F, Kind.B, Kind.I, Kind.W})
-# Kinds that belong to a rank rather than a stage, and so carry neither stage nor micro-batch.
-RANK_KINDS = frozenset({Kind.REDUCE_TIED, Kind.STEP})
-# Kinds of one stage as a whole (no micro-batch).
-STAGE_KINDS = frozenset({Kind.REDUCE_GRAD})
 # The stage at the other end of a message, relative to the action's own stage.
 _PEER_OFFSET = {Kind.SEND_F: 1, Kind.RECV_F: -1, Kind.SEND_B: -1, Kind.RECV_B: 1}
 _MATCH = {Kind.SEND_F: Kind.RECV_F, Kind.RECV_F: Kind.SEND_F, Kind.SEND_B: Kind.RECV_B, Kind.RECV_B: Kind.SEND_B}
@@ -81,8 +84,9 @@ class Action:
     def __post_init__(self) -> None:
         if not isinstance(self.kind, Kind):
             raise ScheduleError(f"Action kind must be a dspipe.schedules.Kind, got {self.kind!r}")
-        needs_stage = self.kind not in RANK_KINDS
-        needs_micro_batch = needs_stage and self.kind not in STAGE_KINDS
+        kind = self.kind._value_
+        needs_stage = kind != "STEP" and kind != "REDUCE_TIED"
+        needs_micro_batch = needs_stage and kind != "REDUCE_GRAD"
         for field, value, needed in (("stage", self.stage, needs_stage),
                                      ("micro_batch", self.micro_batch, needs_micro_batch)):
             if needed and (not isinstance(value, int) or isinstance(value, bool) or value < 0):

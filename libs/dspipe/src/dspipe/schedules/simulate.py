@@ -53,19 +53,27 @@ class Costs:
     reduce: float = 0.0
     step: float = 0.0
     per_stage: Mapping[tuple[Kind, int], float] = field(default_factory=dict)
+    _by_kind: dict[str, float] = field(init=False, repr=False, compare=False)
+    _by_stage: dict[tuple[str, int], float] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for name in (*_ALIASES.values(), "comm", "send", "recv", "load", "reduce", "step"):
             _check_cost(name, getattr(self, name))
-        for (kind, stage), value in self.per_stage.items():
-            _check_cost(f"per_stage[{kind}, {stage}]", value)
+        for key, value in self.per_stage.items():
+            if not (isinstance(key, tuple) and len(key) == 2 and isinstance(key[0], Kind) and isinstance(key[1], int)):
+                raise ScheduleError(f"per_stage keys are (Kind, stage) pairs, got {key!r}")
+            _check_cost(f"per_stage[{key[0].value}, {key[1]}]", value)
+        # Lookups by the kind's value string: the simulator asks once per action.
+        object.__setattr__(self, "_by_kind", {k.value: getattr(self, f) for k, f in _FIELD_OF_KIND.items()})
+        object.__setattr__(self, "_by_stage", {(k.value, s): v for (k, s), v in self.per_stage.items()})
 
     def of(self, action: Action) -> float:
-        if action.stage is not None:
-            override = self.per_stage.get((action.kind, action.stage))
+        kind = action.kind._value_
+        if self._by_stage and action.stage is not None:
+            override = self._by_stage.get((kind, action.stage))
             if override is not None:
                 return override
-        return getattr(self, _FIELD_OF_KIND[action.kind])
+        return self._by_kind[kind]
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, float]) -> Costs:
@@ -103,109 +111,145 @@ def simulate(schedule: Schedule, costs: Costs | Mapping[str, float] | None = Non
         costs = Costs.from_mapping(costs)
     elif not isinstance(costs, Costs):
         raise ScheduleError(f"costs must be a dspipe.schedules.Costs or a mapping, got {type(costs).__name__}")
-    deps = Dependencies(schedule)
-    ends: dict[tuple[int, Action], float] = {}
-    events: list[TraceEvent] = []
+    durations = [[costs.of(a) for a in actions] for actions in schedule]
+    starts = execute(schedule, durations, costs.comm)
+    # Built in rank order with each rank's starts increasing: already the order Timeline keeps.
+    events = tuple(TraceEvent(rank, action, starts[rank][i], starts[rank][i] + durations[rank][i])
+                   for rank, actions in enumerate(schedule) for i, action in enumerate(actions))
+    return Timeline(events, len(schedule))
+
+
+def execute(schedule: Schedule, durations: list[list[float]], comm: float) -> list[list[float]]:
+    """Each action's start time, given each action's duration and the messages' latency; DeadlockError
+    if the ranks cannot all finish."""
+    plan = Plan(schedule)
+    ends: dict[Key, float] = {}
+    starts = [[0.0] * len(actions) for actions in schedule]
     position = [0] * len(schedule)
     free_at = [0.0] * len(schedule)
     progressed = True
-    while progressed:
+    while progressed:  # each pass runs every rank as far as its inputs allow
         progressed = False
-        for rank, actions in enumerate(schedule):
-            while position[rank] < len(actions):
-                action = actions[position[rank]]
+        for rank, keys in enumerate(plan.keys):
+            needs, step = plan.needs[rank], position[rank]
+            while step < len(keys):
                 start = free_at[rank]
-                for needed, latency_kind in deps.of(rank, action):
+                for needed, crosses in needs[step]:
                     end = ends.get(needed)
                     if end is None:
                         break
-                    start = max(start, end + (costs.comm if latency_kind else 0.0))
+                    if crosses:
+                        end += comm
+                    if end > start:
+                        start = end
                 else:
-                    end = start + costs.of(action)
-                    ends[(rank, action)] = free_at[rank] = end
-                    events.append(TraceEvent(rank, action, start, end))
-                    position[rank] += 1
-                    progressed = True
+                    starts[rank][step] = start
+                    ends[keys[step]] = free_at[rank] = start + durations[rank][step]
+                    step += 1
                     continue
                 break
+            progressed |= step != position[rank]
+            position[rank] = step
     if any(position[r] < len(actions) for r, actions in enumerate(schedule)):
-        raise _deadlock(schedule, position, deps, ends)
-    return Timeline.of(events, ranks=len(schedule))
+        raise _deadlock(schedule, position, plan, ends)
+    return starts
 
 
-def _deadlock(schedule: Schedule, position: list[int], deps: Dependencies,
-              ends: Mapping[tuple[int, Action], float]) -> DeadlockError:
+def _deadlock(schedule: Schedule, position: list[int], plan: Plan, ends: Mapping[Key, float]) -> DeadlockError:
     lines, marks = [], {}
     for rank, actions in enumerate(schedule):
-        if position[rank] < len(actions):
-            action = actions[position[rank]]
-            waiting = [f"{needed[1]} on rank {needed[0]}" for needed, _ in deps.of(rank, action) if needed not in ends]
-            lines.append(f"  rank {rank} is stuck at step {position[rank]} ({action}), waiting for "
-                         f"{', '.join(waiting)}")
-            marks[(rank, position[rank])] = "stuck"
+        step = position[rank]
+        if step < len(actions):
+            waiting = [f"{_text(key)} on rank {key[0]}" if key[0] >= 0 else f"{_text(key)} (on no rank)"
+                       for key, _ in plan.needs[rank][step] if key not in ends]
+            lines.append(f"  rank {rank} is stuck at step {step} ({actions[step]}), waiting for {', '.join(waiting)}")
+            marks[(rank, step)] = "stuck: waits for " + ", ".join(waiting)
     return DeadlockError("the schedule deadlocks: every unfinished rank waits for an action that never runs\n"
                          + "\n".join(lines) + "\n" + render_grid(schedule, marks))
 
 
-class Dependencies:
-    """What each action of a schedule must wait for: a list of ((rank, action), crosses_ranks)."""
+# An action's identity in the simulator: (rank, kind letter(s), stage, micro-batch); plain tuples hash fast.
+Key = tuple[int, str, int | None, int | None]
+_F, _B, _I, _W = "F", "B", "I", "W"
+
+
+def _text(key: Key) -> str:
+    _, kind, stage, mb = key
+    return f"{'' if stage is None else stage}{kind}{'' if mb is None else mb}"
+
+
+class Plan:
+    """Each action's key and what it waits for: a list of (key, crosses_ranks) per action, per rank."""
 
     def __init__(self, schedule: Schedule) -> None:
         self.rank_of: dict[int, int] = {}
         self.lowered = False
-        self.input_grad: dict[tuple[int, int], Action] = {}  # (stage, mb) -> its B or I
-        self.load: dict[tuple[int, int], Action] = {}  # (rank, mb) -> LOAD
+        backward_kind: dict[tuple[int, int], str] = {}  # (stage, mb) -> "B" or "I"
+        loads: dict[tuple[int, int], int] = {}  # (rank, mb) -> the stage its LOAD names
+        self.keys: list[list[Key]] = []
         for rank, actions in enumerate(schedule):
+            keys = []
             for action in actions:
                 if not isinstance(action, Action):
                     raise ScheduleError(f"rank {rank}: {action!r} is not a dspipe.schedules.Action")
-                kind = action.kind
-                if not kind.is_compute:
-                    self.lowered = True
-                if kind is Kind.LOAD:
-                    self.load[(rank, action.micro_batch)] = action
-                if kind.is_compute or kind is Kind.REDUCE_GRAD:
+                kind = action.kind._value_
+                key = (rank, kind, action.stage, action.micro_batch)
+                keys.append(key)
+                if kind in _COMPUTE or kind == "REDUCE_GRAD":
                     owner = self.rank_of.setdefault(action.stage, rank)
                     if owner != rank:
                         raise ScheduleError(f"stage {action.stage} has actions on rank {owner} and on rank {rank} "
                                             f"({action}); a stage lives on one rank")
-                if kind in (Kind.B, Kind.I):
-                    self.input_grad[(action.stage, action.micro_batch)] = action
-        self.last_stage = max(self.rank_of, default=0)
-
-    def _across(self, stage: int, action: Action, rank: int) -> tuple[tuple[int, Action], bool]:
-        owner = self.rank_of.get(stage, -1)
-        return (owner, action), owner != rank
-
-    def of(self, rank: int, action: Action) -> list[tuple[tuple[int, Action], bool]]:
-        kind, s, m = action.kind, action.stage, action.micro_batch
-        same = self.rank_of.get
-        if kind is Kind.F:
-            needs = []
-            if self.lowered and (s == 0 or s == self.last_stage) and (rank, m) in self.load:
-                needs.append(((rank, self.load[(rank, m)]), False))
-            if s > 0:
-                if self.lowered and same(s - 1) != rank:
-                    needs.append(((rank, Action(Kind.RECV_F, s, m)), False))
                 else:
-                    needs.append(self._across(s - 1, Action(Kind.F, s - 1, m), rank))
-            return needs
-        if kind in (Kind.B, Kind.I):
-            needs = [((rank, Action(Kind.F, s, m)), False)]
-            if s < self.last_stage:
-                if self.lowered and same(s + 1) != rank:
-                    needs.append(((rank, Action(Kind.RECV_B, s, m)), False))
-                else:
-                    downstream = self.input_grad.get((s + 1, m), Action(Kind.B, s + 1, m))
-                    needs.append(self._across(s + 1, downstream, rank))
-            return needs
-        if kind is Kind.W:
-            return [((rank, Action(Kind.I, s, m)), False)]
-        if kind is Kind.SEND_F:
-            return [((rank, Action(Kind.F, s, m)), False)]
-        if kind is Kind.SEND_B:
-            return [((rank, self.input_grad.get((s, m), Action(Kind.B, s, m))), False)]
-        if kind.is_recv:
-            send = action.matching()
-            return [((same(send.stage, -1), send), True)]
-        return []  # LOAD, REDUCE_*, STEP: their place in the rank's order is their only constraint
+                    self.lowered = True
+                if kind in (_B, _I):
+                    backward_kind[(action.stage, action.micro_batch)] = kind
+                elif kind == "LOAD":
+                    loads[(rank, action.micro_batch)] = action.stage
+            if len(set(keys)) != len(keys):
+                twice = next(a for a, k in zip(actions, keys) if keys.count(k) > 1)
+                raise ScheduleError(f"rank {rank} runs {twice} more than once")
+            self.keys.append(keys)
+        last = max(self.rank_of, default=0)
+        owner = self.rank_of.get
+        lowered = self.lowered
+
+        def at(stage: int, kind: str, mb: int, rank: int) -> tuple[Key, bool]:
+            where = owner(stage, -1)
+            return (where, kind, stage, mb), where != rank
+
+        self.needs: list[list[list[tuple[Key, bool]]]] = []
+        for rank, keys in enumerate(self.keys):
+            rank_needs = []
+            for _, kind, s, m in keys:
+                needs: list[tuple[Key, bool]] = []
+                if kind == _F:
+                    if lowered and (s == 0 or s == last) and (rank, m) in loads:
+                        needs.append(((rank, "LOAD", loads[(rank, m)], m), False))
+                    if s > 0:
+                        if lowered and owner(s - 1) != rank:
+                            needs.append(((rank, "RECV_F", s, m), False))
+                        else:
+                            needs.append(at(s - 1, _F, m, rank))
+                elif kind in (_B, _I):
+                    needs.append(((rank, _F, s, m), False))
+                    if s < last:
+                        if lowered and owner(s + 1) != rank:
+                            needs.append(((rank, "RECV_B", s, m), False))
+                        else:
+                            needs.append(at(s + 1, backward_kind.get((s + 1, m), _B), m, rank))
+                elif kind == _W:
+                    needs.append(((rank, _I, s, m), False))
+                elif kind == "SEND_F":
+                    needs.append(((rank, _F, s, m), False))
+                elif kind == "SEND_B":
+                    needs.append(((rank, backward_kind.get((s, m), _B), s, m), False))
+                elif kind == "RECV_F":
+                    needs.append(((owner(s - 1, -1), "SEND_F", s - 1, m), True))
+                elif kind == "RECV_B":
+                    needs.append(((owner(s + 1, -1), "SEND_B", s + 1, m), True))
+                rank_needs.append(needs)  # LOAD, REDUCE_*, STEP: their place in the order is all they need
+            self.needs.append(rank_needs)
+
+
+_COMPUTE = frozenset({_F, _B, _I, _W})

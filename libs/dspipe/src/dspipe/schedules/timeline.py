@@ -25,6 +25,7 @@ class Timeline:
     def of(cls, events: Iterable[TraceEvent], ranks: int | None = None) -> Timeline:
         events = tuple(events)
         origin = min((e.start for e in events), default=0.0)
+        # Kept sorted by (rank, start, end); simulate builds its events in that order directly.
         shifted = tuple(sorted((TraceEvent(e.rank, e.action, e.start - origin, e.end - origin) for e in events),
                                key=lambda e: (e.rank, e.start, e.end)))
         if ranks is None:

@@ -2,7 +2,7 @@
 
 Checks, each fault reported with its rank and step on the rank-by-step grid:
 - each stage lives on one rank (the placement's, when one is given); stages and micro-batches are
-  numbered 0..n-1 without gaps;
+  numbered 0..n-1 without gaps; no action appears twice;
 - every (stage, micro-batch) has exactly one F and, when the schedule trains, exactly one B or one I
   and one W;
 - on a rank: B/I(s,m) after F(s,m); W(s,m) after I(s,m); for neighbour stages on the same rank,
@@ -11,64 +11,39 @@ Checks, each fault reported with its rank and step on the rank-by-step grid:
   ranks has SEND_F after the F and RECV_F before the next stage's F (and SEND_B/RECV_B likewise for the
   backward), every send meets exactly one receive on the peer's rank and every receive one send, no
   message between stages of one rank, LOAD before the first and last stage's F, and when training
-  REDUCE_TIED, REDUCE_GRAD of each stage after its backwards, and one STEP last;
+  REDUCE_GRAD of each stage after its backwards, REDUCE_TIED, and one STEP last;
 - the program finishes: it is run with every action taking no time (sends never block, receives do,
   as lower.py defines), and a DeadlockError shows where each rank is stuck.
 """
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
-
 from ..errors import ScheduleError
 from .action import Action, Kind, Schedule
 from .grid import render_grid
 from .placement import Placement
-from .simulate import Costs, simulate
+from .simulate import execute
 
-_ZERO = Costs(forward=0, backward=0, input_grad=0, weight_grad=0)
 MAX_LISTED = 20
+_COMPUTE = frozenset("FBIW")
+_RANK_WIDE = frozenset({"REDUCE_TIED", "STEP"})
+Key = tuple[str, int | None, int | None]  # (kind letter(s), stage, micro-batch)
 
 
 def validate(schedule: Schedule, placement: Placement | None = None) -> None:
     """Raise ScheduleError (DeadlockError if it cannot finish) describing every fault; return None if sound."""
     _check_types(schedule)
-    faults = _Faults(schedule)
-    where = _index(schedule, faults)
+    check = _Check(schedule)
     if placement is not None:
-        _check_placement(schedule, placement, faults)
-    if not faults.marks and not faults.notes:
-        _check_counts(schedule, where, faults)
-        _check_order(schedule, where, faults)
-        if any(not a.kind.is_compute for actions in schedule for a in actions):
-            _check_program(schedule, where, faults)
-    faults.raise_if_any()
-    simulate(schedule, _ZERO)  # raises DeadlockError, with the grid, if some rank can never go on
-
-
-class _Faults:
-    def __init__(self, schedule: Schedule) -> None:
-        self.schedule = schedule
-        self.marks: dict[tuple[int, int], str] = {}
-        self.notes: list[str] = []
-
-    def at(self, rank: int, step: int, reason: str) -> None:
-        self.marks.setdefault((rank, step), reason)
-
-    def note(self, reason: str) -> None:
-        self.notes.append(reason)
-
-    def raise_if_any(self) -> None:
-        if not self.marks and not self.notes:
-            return
-        count = len(self.marks) + len(self.notes)
-        notes = self.notes[:MAX_LISTED] + ([f"... and {len(self.notes) - MAX_LISTED} more"]
-                                           if len(self.notes) > MAX_LISTED else [])
-        marks = dict(sorted(self.marks.items())[:MAX_LISTED])
-        text = "\n".join([f"invalid pipeline schedule: {count} fault(s)", *notes, render_grid(self.schedule, marks)])
-        if len(self.marks) > MAX_LISTED:
-            text += f"\n... and {len(self.marks) - MAX_LISTED} more marked faults"
-        raise ScheduleError(text)
+        check.placement(placement)
+    if not check.faulty:
+        check.counts()
+        check.order()
+        if check.lowered:
+            check.program()
+    check.raise_if_faulty()
+    # Run it with every action taking no time: raises DeadlockError, with the grid, if a rank never goes on.
+    execute(schedule, [[0.0] * len(actions) for actions in schedule], comm=0.0)
 
 
 def _check_types(schedule: Schedule) -> None:
@@ -82,181 +57,199 @@ def _check_types(schedule: Schedule) -> None:
                 raise ScheduleError(f"rank {rank} step {step}: {action!r:.40} is not a dspipe.schedules.Action")
 
 
-def _index(schedule: Schedule, faults: _Faults) -> dict[Action, tuple[int, int]]:
-    """(rank, step) of every action; flags duplicates and stages spread over several ranks."""
-    where: dict[Action, tuple[int, int]] = {}
-    owner: dict[int, int] = {}
-    for rank, actions in enumerate(schedule):
-        for step, action in enumerate(actions):
-            key = action
-            if action.kind in (Kind.REDUCE_TIED, Kind.STEP):
-                key = (action, rank)  # one per rank
-            if key in where:
-                r, s = where[key]
-                faults.at(rank, step, f"{action} runs twice (first at rank {r} step {s})")
-                continue
-            where[key] = (rank, step)
-            if action.stage is not None:
-                first = owner.setdefault(action.stage, rank)
-                if first != rank:
-                    faults.at(rank, step, f"stage {action.stage} is on rank {first}, but {action} runs on rank {rank}")
-    return where
+def _text(key: Key) -> str:
+    kind, stage, mb = key
+    return f"{'' if stage is None else stage}{kind}{'' if mb is None else mb}"
 
 
-def _check_placement(schedule: Schedule, placement: Placement, faults: _Faults) -> None:
-    if len(schedule) != placement.ranks:
-        faults.note(f"the schedule has {len(schedule)} ranks, the placement {placement.ranks}")
-        return
-    for rank, actions in enumerate(schedule):
-        for step, action in enumerate(actions):
-            if action.stage is None:
-                continue
-            if action.stage >= placement.stages:
-                faults.at(rank, step, f"stage {action.stage} does not exist (0..{placement.stages - 1})")
-            elif placement.rank_of[action.stage] != rank:
-                faults.at(rank, step, f"stage {action.stage} belongs on rank {placement.rank_of[action.stage]}")
-
-
-def _shape(schedule: Schedule) -> tuple[int, int, bool]:
-    stages = {a.stage for actions in schedule for a in actions if a.kind.is_compute}
-    micro_batches = {a.micro_batch for actions in schedule for a in actions if a.kind.is_compute}
-    training = any(a.kind.is_backward for actions in schedule for a in actions)
-    return max(stages, default=-1) + 1, max(micro_batches, default=-1) + 1, training
-
-
-def _check_counts(schedule: Schedule, where: dict, faults: _Faults) -> None:
-    stage_count, mb_count, training = _shape(schedule)
-    seen_stages = {a.stage for actions in schedule for a in actions if a.kind.is_compute}
-    seen_mbs = {a.micro_batch for actions in schedule for a in actions if a.kind.is_compute}
-    if stage_count == 0:
-        faults.note("the schedule has no compute action (F, B, I, W)")
-        return
-    missing_stages = sorted(set(range(stage_count)) - seen_stages)
-    if missing_stages:
-        faults.note(f"stages {missing_stages} have no action; stages must be numbered 0..{stage_count - 1}")
-        return
-    for rank, actions in enumerate(schedule):
-        for step, a in enumerate(actions):
-            if a.micro_batch is not None and a.micro_batch >= mb_count:
-                faults.at(rank, step, f"micro-batch {a.micro_batch} has no compute action at all")
-            if a.stage is not None and a.stage >= stage_count:
-                faults.at(rank, step, f"stage {a.stage} has no compute action at all")
-    missing_mbs = sorted(set(range(mb_count)) - seen_mbs)
-    if missing_mbs:
-        faults.note(f"micro-batches {missing_mbs} have no action; micro-batches must be numbered 0..{mb_count - 1}")
-    for s in range(stage_count):
-        for m in range(mb_count):
-            f, b, i, w = (Action(k, s, m) in where for k in (Kind.F, Kind.B, Kind.I, Kind.W))
-            if not f:
-                faults.note(f"{Action(Kind.F, s, m)} is missing: every micro-batch needs a forward on every stage")
-            if not training:
-                continue
-            if b and (i or w):
-                faults.at(*where[Action(Kind.B, s, m)], f"stage {s} micro-batch {m} has a B and a split I/W backward")
-            elif not b and not (i and w):
-                lacking = "I and W" if not (i or w) else ("W" if i else "I")
-                faults.note(f"stage {s} micro-batch {m} has no complete backward: B, or I and W (missing {lacking})")
-
-
-def _check_order(schedule: Schedule, where: dict, faults: _Faults) -> None:
-    """Dependencies between actions of the same rank must follow the rank's order."""
-    for rank, actions in enumerate(schedule):
-        for step, a in enumerate(actions):
-            s, m = a.stage, a.micro_batch
-            needs: list[Action] = []
-            if a.kind in (Kind.B, Kind.I):
-                needs = [Action(Kind.F, s, m), _input_grad(where, s + 1, m)]
-            elif a.kind is Kind.W:
-                needs = [Action(Kind.I, s, m)]
-            elif a.kind is Kind.F and s > 0:
-                needs = [Action(Kind.F, s - 1, m)]
-            for need in needs:
-                if need is None or need not in where:
+class _Check:
+    def __init__(self, schedule: Schedule) -> None:
+        self.schedule = schedule
+        self.marks: dict[tuple[int, int], str] = {}
+        self.notes: list[str] = []
+        self.where: dict[Key, tuple[int, int]] = {}  # every stage-bearing action -> (rank, step)
+        self.rank_of: dict[int, int] = {}
+        self.lowered = False
+        stages: set[int] = set()
+        micro_batches: set[int] = set()
+        self.training = False
+        for rank, actions in enumerate(schedule):
+            rank_wide: set[str] = set()
+            for step, action in enumerate(actions):
+                kind = action.kind._value_
+                if kind in _RANK_WIDE:
+                    if kind in rank_wide:
+                        self.at(rank, step, f"{action} runs twice on rank {rank}")
+                    rank_wide.add(kind)
+                    self.lowered = True
                     continue
-                need_rank, need_step = where[need]
-                if need_rank == rank and need_step > step:
-                    faults.at(rank, step, f"{a} runs before {need} (step {need_step}), which it needs")
+                key = (kind, action.stage, action.micro_batch)
+                if key in self.where:
+                    r, s = self.where[key]
+                    self.at(rank, step, f"{action} runs twice (first at rank {r} step {s})")
+                    continue
+                self.where[key] = (rank, step)
+                first = self.rank_of.setdefault(action.stage, rank)
+                if first != rank:
+                    self.at(rank, step, f"stage {action.stage} is on rank {first}, but {action} runs on rank {rank}")
+                if kind in _COMPUTE:
+                    stages.add(action.stage)
+                    micro_batches.add(action.micro_batch)
+                    self.training |= kind != "F"
+                else:
+                    self.lowered = True
+        self.stages, self.micro_batches = max(stages, default=-1) + 1, max(micro_batches, default=-1) + 1
+        if not stages:
+            self.notes.append("the schedule has no compute action (F, B, I, W)")
+        elif len(stages) != self.stages:
+            self.notes.append(f"stages {sorted(set(range(self.stages)) - stages)} have no compute action; stages "
+                              f"must be numbered 0..n-1")
+        if stages and len(micro_batches) != self.micro_batches:
+            self.notes.append(f"micro-batches {sorted(set(range(self.micro_batches)) - micro_batches)} have no "
+                              f"compute action; micro-batches must be numbered 0..n-1")
 
+    @property
+    def faulty(self) -> bool:
+        return bool(self.marks or self.notes)
 
-def _input_grad(where: dict, s: int, m: int) -> Action | None:
-    for kind in (Kind.B, Kind.I):
-        if Action(kind, s, m) in where:
-            return Action(kind, s, m)
-    return None
+    def at(self, rank: int, step: int, reason: str) -> None:
+        self.marks.setdefault((rank, step), reason)
 
+    def raise_if_faulty(self) -> None:
+        if not self.faulty:
+            return
+        notes = self.notes[:MAX_LISTED] + ([f"... and {len(self.notes) - MAX_LISTED} more"]
+                                           if len(self.notes) > MAX_LISTED else [])
+        marks = dict(sorted(self.marks.items())[:MAX_LISTED])
+        text = "\n".join([f"invalid pipeline schedule: {len(self.marks) + len(self.notes)} fault(s)", *notes,
+                          render_grid(self.schedule, marks)])
+        if len(self.marks) > MAX_LISTED:
+            text += f"\n... and {len(self.marks) - MAX_LISTED} more marked faults"
+        raise ScheduleError(text)
 
-def _check_program(schedule: Schedule, where: dict, faults: _Faults) -> None:
-    stage_count, mb_count, training = _shape(schedule)
-    rank_of = {a.stage: rank for rank, actions in enumerate(schedule) for a in actions if a.kind.is_compute}
-    last = stage_count - 1
+    def placement(self, placement: Placement) -> None:
+        if len(self.schedule) != placement.ranks:
+            self.notes.append(f"the schedule has {len(self.schedule)} rank lists, the placement {placement.ranks} ranks")
+            return
+        for (_, stage, _), (rank, step) in self.where.items():
+            if stage >= placement.stages:
+                self.at(rank, step, f"stage {stage} does not exist (0..{placement.stages - 1})")
+            elif placement.rank_of[stage] != rank:
+                self.at(rank, step, f"stage {stage} belongs on rank {placement.rank_of[stage]} "
+                                    f"({placement.shape} placement)")
 
-    def expect(action: Action, rank: int, before: Action | None = None, after: Action | None = None,
-               why: str = "") -> None:
-        if action not in where:
+    def backward_of(self, stage: int, mb: int) -> Key | None:
+        for kind in ("B", "I"):
+            if (kind, stage, mb) in self.where:
+                return (kind, stage, mb)
+        return None
+
+    def counts(self) -> None:
+        where = self.where
+        for (_, stage, mb), (rank, step) in where.items():
+            if stage >= self.stages or (mb is not None and mb >= self.micro_batches):
+                self.at(rank, step, f"stage {stage} or micro-batch {mb} has no compute action at all")
+        for s in range(self.stages):
+            for m in range(self.micro_batches):
+                if ("F", s, m) not in where:
+                    self.notes.append(f"{s}F{m} is missing: every micro-batch needs a forward on every stage")
+                if not self.training:
+                    continue
+                b, i, w = (("B", s, m) in where), (("I", s, m) in where), (("W", s, m) in where)
+                if b and (i or w):
+                    self.at(*where[("B", s, m)], f"stage {s} micro-batch {m} has both B and a split I/W backward")
+                elif not b and not (i and w):
+                    lacking = "I and W" if not (i or w) else ("W" if i else "I")
+                    self.notes.append(f"stage {s} micro-batch {m} has no complete backward: B, or I and W "
+                                      f"(missing {lacking})")
+
+    def order(self) -> None:
+        """Dependencies between actions of one rank must follow the rank's order."""
+        where = self.where
+        for (kind, s, m), (rank, step) in where.items():
+            if kind in ("B", "I"):
+                needs = [("F", s, m), self.backward_of(s + 1, m)]
+            elif kind == "W":
+                needs = [("I", s, m)]
+            elif kind == "F" and s > 0:
+                needs = [("F", s - 1, m)]
+            else:
+                continue
+            for need in needs:
+                found = where.get(need) if need else None
+                if found and found[0] == rank and found[1] > step:
+                    self.at(rank, step, f"{_text((kind, s, m))} runs before {_text(need)} (step {found[1]}), "
+                                        f"which it needs")
+
+    def program(self) -> None:
+        where, rank_of, last = self.where, self.rank_of, self.stages - 1
+        for s in range(last):
+            if rank_of[s] == rank_of[s + 1]:
+                continue
+            cut = f"stages {s} and {s + 1} are on ranks {rank_of[s]} and {rank_of[s + 1]}"
+            for m in range(self.micro_batches):
+                self.expect(("SEND_F", s, m), rank_of[s], after=("F", s, m), why=cut)
+                self.expect(("RECV_F", s + 1, m), rank_of[s + 1], before=("F", s + 1, m), why=cut)
+                if self.training:
+                    self.expect(("RECV_B", s, m), rank_of[s], before=self.backward_of(s, m), why=cut)
+                    self.expect(("SEND_B", s + 1, m), rank_of[s + 1], after=self.backward_of(s + 1, m), why=cut)
+        loaded: dict[tuple[int, int], int] = {}
+        for (kind, s, m), (rank, step) in where.items():
+            if kind in ("SEND_F", "SEND_B", "RECV_F", "RECV_B"):
+                peer = s + (1 if kind in ("SEND_F", "RECV_B") else -1)
+                match = {"SEND_F": "RECV_F", "RECV_F": "SEND_F", "SEND_B": "RECV_B", "RECV_B": "SEND_B"}[kind]
+                if not 0 <= peer <= last:
+                    self.at(rank, step, f"{_text((kind, s, m))} talks to stage {peer}, which does not exist (0..{last})")
+                elif rank_of[peer] == rank:
+                    self.at(rank, step, f"{_text((kind, s, m))}: stages {s} and {peer} are both on rank {rank}; they "
+                                        f"share tensors in memory, not messages")
+                elif (match, peer, m) not in where:
+                    self.at(rank, step, f"{_text((kind, s, m))} has no matching {_text((match, peer, m))} on rank "
+                                        f"{rank_of[peer]}")
+            elif kind == "LOAD":
+                if (rank, m) in loaded:
+                    self.at(rank, step, f"micro-batch {m} is loaded twice on rank {rank}")
+                loaded[(rank, m)] = step
+        for rank in {rank_of[0], rank_of[last]}:
+            for m in range(self.micro_batches):
+                forwards = [where[("F", s, m)][1] for s in {0, last} if rank_of[s] == rank and ("F", s, m) in where]
+                if (rank, m) not in loaded:
+                    self.notes.append(f"rank {rank} holds stage 0 or {last} but never loads micro-batch {m} (LOAD)")
+                elif forwards and loaded[(rank, m)] > min(forwards):
+                    self.at(rank, loaded[(rank, m)], f"micro-batch {m} is loaded after its first forward on rank {rank}")
+        if self.training:
+            for rank, actions in enumerate(self.schedule):
+                self.step(rank, actions)
+
+    def expect(self, key: Key, rank: int, before: Key | None = None, after: Key | None = None, why: str = "") -> None:
+        where = self.where
+        if key not in where:
             anchor = before or after
             if anchor in where:
-                faults.at(*where[anchor], f"{action} is missing on rank {rank} ({why})")
+                self.at(*where[anchor], f"{_text(key)} is missing on rank {rank} ({why})")
             else:
-                faults.note(f"{action} is missing on rank {rank} ({why})")
+                self.notes.append(f"{_text(key)} is missing on rank {rank} ({why})")
             return
-        at_rank, at_step = where[action]
+        at_rank, at_step = where[key]
         if before is not None and before in where and where[before][1] < at_step:
-            faults.at(at_rank, at_step, f"{action} comes after {before}, which needs it ({why})")
+            self.at(at_rank, at_step, f"{_text(key)} comes after {_text(before)}, which needs it ({why})")
         if after is not None and after in where and where[after][1] > at_step:
-            faults.at(at_rank, at_step, f"{action} comes before {after}, which produces it ({why})")
+            self.at(at_rank, at_step, f"{_text(key)} comes before {_text(after)}, which produces it ({why})")
 
-    for s in range(last):
-        if rank_of[s] == rank_of[s + 1]:
-            continue
-        cut = f"stages {s} and {s + 1} are on ranks {rank_of[s]} and {rank_of[s + 1]}"
-        for m in range(mb_count):
-            expect(Action(Kind.SEND_F, s, m), rank_of[s], after=Action(Kind.F, s, m), why=cut)
-            expect(Action(Kind.RECV_F, s + 1, m), rank_of[s + 1], before=Action(Kind.F, s + 1, m), why=cut)
-            if training:
-                expect(Action(Kind.RECV_B, s, m), rank_of[s], before=_input_grad(where, s, m), why=cut)
-                expect(Action(Kind.SEND_B, s + 1, m), rank_of[s + 1], after=_input_grad(where, s + 1, m), why=cut)
-    for rank, actions in enumerate(schedule):
-        loads = Counter()
-        for step, a in enumerate(actions):
-            if a.kind.is_comm:
-                peer = a.peer
-                if not 0 <= peer <= last:
-                    faults.at(rank, step, f"{a} talks to stage {peer}, which does not exist (0..{last})")
-                elif rank_of[peer] == rank:
-                    faults.at(rank, step, f"{a}: stages {a.stage} and {peer} are both on rank {rank}; "
-                                          f"they share tensors in memory, not messages")
-                elif a.matching() not in where:
-                    faults.at(rank, step, f"{a} has no matching {a.matching()} on rank {rank_of[peer]}")
-            elif a.kind is Kind.LOAD:
-                loads[a.micro_batch] += 1
-        holds_ends = 0 in rank_of and (rank_of[0] == rank or rank_of[last] == rank)
-        if holds_ends:
-            for m in range(mb_count):
-                first_f = min((where[Action(Kind.F, s, m)][1] for s in {0, last}
-                               if rank_of[s] == rank and Action(Kind.F, s, m) in where), default=None)
-                load = next((where[a][1] for a in (Action(Kind.LOAD, s, m) for s in {0, last}) if a in where), None)
-                if load is None:
-                    faults.note(f"rank {rank} holds stage 0 or {last} but never loads micro-batch {m} (LOAD)")
-                elif first_f is not None and load > first_f:
-                    faults.at(rank, load, f"micro-batch {m} is loaded after its first forward on rank {rank}")
-        if training:
-            _check_step(rank, actions, faults)
-
-
-def _check_step(rank: int, actions: list[Action], faults: _Faults) -> None:
-    steps = [i for i, a in enumerate(actions) if a.kind is Kind.STEP]
-    if len(steps) != 1 or steps[0] != len(actions) - 1:
-        faults.note(f"rank {rank} must end with exactly one STEP (found {len(steps)}, last action "
-                    f"{actions[-1] if actions else None})")
-    if not any(a.kind is Kind.REDUCE_TIED for a in actions):
-        faults.note(f"rank {rank} has no REDUCE_TIED before its STEP")
-    last_backward: dict[int, int] = defaultdict(lambda: -1)
-    for i, a in enumerate(actions):
-        if a.kind in (Kind.B, Kind.W):
-            last_backward[a.stage] = i
-    reduced = {a.stage: i for i, a in enumerate(actions) if a.kind is Kind.REDUCE_GRAD}
-    for stage, i in last_backward.items():
-        if stage not in reduced:
-            faults.note(f"rank {rank} never reduces the gradients of stage {stage} (REDUCE_GRAD)")
-        elif reduced[stage] < i:
-            faults.at(rank, reduced[stage], f"gradients of stage {stage} reduced before its last backward (step {i})")
+    def step(self, rank: int, actions: list[Action]) -> None:
+        kinds = [a.kind for a in actions]
+        if kinds.count(Kind.STEP) != 1 or kinds[-1] is not Kind.STEP:
+            self.notes.append(f"rank {rank} must end with exactly one STEP (found {kinds.count(Kind.STEP)}, last "
+                              f"action {actions[-1] if actions else None})")
+        if Kind.REDUCE_TIED not in kinds:
+            self.notes.append(f"rank {rank} has no REDUCE_TIED before its STEP")
+        last_backward: dict[int, int] = {}
+        for i, a in enumerate(actions):
+            if a.kind in (Kind.B, Kind.W):
+                last_backward[a.stage] = i
+        for stage, i in last_backward.items():
+            reduced = self.where.get(("REDUCE_GRAD", stage, None))
+            if reduced is None:
+                self.notes.append(f"rank {rank} never reduces the gradients of stage {stage} (REDUCE_GRAD)")
+            elif reduced[1] < i:
+                self.at(rank, reduced[1], f"gradients of stage {stage} reduced before its last backward (step {i})")
