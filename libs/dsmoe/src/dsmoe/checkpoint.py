@@ -60,13 +60,13 @@ def expert_writers(module: nn.Module, is_writer: Callable[[nn.Module], bool]) ->
     return {file: state for file, state in local_expert_states(module).items() if file in chosen}
 
 
-def load_local_experts(module: nn.Module, read: Callable[[str], dict[str, torch.Tensor]], strict: bool = True,
-                       suffix: str = "") -> list[str]:
+def load_local_experts(module: nn.Module, read: Callable[[str], dict[str, torch.Tensor]], strict: bool = True
+                       ) -> list[str]:
     """Copy every local expert's weights from `read(file name)` (a dict of its saved entries); returns
     the names of entries the files did not hold (strict=True: an error naming them instead)."""
     missing: list[str] = []
     with torch.no_grad():
-        for file, current in local_expert_states(module, suffix).items():
+        for file, current in local_expert_states(module).items():
             saved = read(file)
             lacking = sorted(set(current) - set(saved))
             unexpected = sorted(set(saved) - set(current))

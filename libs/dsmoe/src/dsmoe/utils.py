@@ -43,6 +43,12 @@ def has_moe_layers(module: nn.Module) -> tuple[bool, int]:
     return (True, layers[0][1].num_experts) if layers else (False, 0)
 
 
+def moe_aux_loss(module: nn.Module) -> torch.Tensor | None:
+    """The sum of every MoE layer's load-balancing loss from its last forward (None before any)."""
+    losses = [layer.deepspeed_moe.l_aux for _, layer in moe_layers(module) if layer.deepspeed_moe.l_aux is not None]
+    return torch.stack([loss.reshape(()) for loss in losses]).sum() if losses else None
+
+
 def split_params_into_shared_and_expert_params(params: Iterable[torch.nn.Parameter]
                                                ) -> tuple[list[torch.nn.Parameter], list[torch.nn.Parameter]]:
     shared, experts = [], []
