@@ -1,0 +1,28 @@
+"""`deepspeed.moe`: Mixture of Experts (dsmoe) inside dstrain.
+
+    from dstrain.moe.layer import MoE                          # deepspeed.moe.layer.MoE
+    from dstrain.moe.utils import split_params_into_different_moe_groups_for_optimizer
+
+initialize() gives the model's MoE layers their expert groups and ZeRO its expert parameter groups.
+Beyond DeepSpeed's names: `moe_aux_loss(model)` (the layers' summed l_aux), `report_expert_counts`
+(expert loads to the monitors), PR-MoE's `pyramid_layers`, and Mixture-of-Students
+(`MixtureOfStudents`, `distillation_loss`, `load_teacher`).
+"""
+
+from dsmoe import (
+    DenseMLP,
+    MixtureOfStudents,
+    MoE,
+    distillation_loss,
+    expand_num_experts,
+    moe_aux_loss,
+    pyramid_layers,
+)
+
+from . import experts, layer, sharded_moe, utils
+from .reporting import expert_count_event, report_expert_counts
+from .teacher import load_teacher
+
+__all__ = ["DenseMLP", "MixtureOfStudents", "MoE", "distillation_loss", "expand_num_experts", "expert_count_event",
+           "experts", "layer", "load_teacher", "moe_aux_loss", "pyramid_layers", "report_expert_counts",
+           "sharded_moe", "utils"]
