@@ -212,5 +212,5 @@ def test_action_fields_are_checked():
         Action(Kind.B, -1, 0)
     with pytest.raises(ScheduleError, match="STEP takes no stage"):
         Action(Kind.STEP, 0)
-    with pytest.raises(ScheduleError, match="must be a dspipe.schedules.Kind"):
+    with pytest.raises(ScheduleError, match=r"must be a dspipe\.schedules\.Kind"):
         Action("F", 0, 0)

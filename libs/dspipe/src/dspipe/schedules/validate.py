@@ -36,10 +36,10 @@ def validate(schedule: Schedule, placement: Placement | None = None) -> None:
     check = _Check(schedule)
     if placement is not None:
         check.placement(placement)
-    if not check.faulty:
+    if check.numbered:
         check.counts()
         check.order()
-        if check.lowered:
+        if check.lowered and check.owned:
             check.program()
     check.raise_if_faulty()
     # Run it with every action taking no time: raises DeadlockError, with the grid, if a rank never goes on.
@@ -73,6 +73,7 @@ class _Check:
         stages: set[int] = set()
         micro_batches: set[int] = set()
         self.training = False
+        self.owned = True  # every stage on one rank
         for rank, actions in enumerate(schedule):
             rank_wide: set[str] = set()
             for step, action in enumerate(actions):
@@ -92,6 +93,7 @@ class _Check:
                 first = self.rank_of.setdefault(action.stage, rank)
                 if first != rank:
                     self.at(rank, step, f"stage {action.stage} is on rank {first}, but {action} runs on rank {rank}")
+                    self.owned = False
                 if kind in _COMPUTE:
                     stages.add(action.stage)
                     micro_batches.add(action.micro_batch)
@@ -99,6 +101,7 @@ class _Check:
                 else:
                     self.lowered = True
         self.stages, self.micro_batches = max(stages, default=-1) + 1, max(micro_batches, default=-1) + 1
+        self.numbered = bool(stages) and len(stages) == self.stages  # later checks index stages 0..n-1
         if not stages:
             self.notes.append("the schedule has no compute action (F, B, I, W)")
         elif len(stages) != self.stages:
@@ -115,6 +118,13 @@ class _Check:
     def at(self, rank: int, step: int, reason: str) -> None:
         self.marks.setdefault((rank, step), reason)
 
+    def mark_near(self, candidates: list[Key], reason: str) -> None:
+        found = next((self.where[key] for key in candidates if key in self.where), None)
+        if found is None:
+            self.notes.append(reason)
+        else:
+            self.at(*found, reason)
+
     def raise_if_faulty(self) -> None:
         if not self.faulty:
             return
@@ -129,12 +139,15 @@ class _Check:
 
     def placement(self, placement: Placement) -> None:
         if len(self.schedule) != placement.ranks:
+            self.owned = False
             self.notes.append(f"the schedule has {len(self.schedule)} rank lists, the placement {placement.ranks} ranks")
             return
         for (_, stage, _), (rank, step) in self.where.items():
             if stage >= placement.stages:
+                self.owned = False
                 self.at(rank, step, f"stage {stage} does not exist (0..{placement.stages - 1})")
             elif placement.rank_of[stage] != rank:
+                self.owned = False
                 self.at(rank, step, f"stage {stage} belongs on rank {placement.rank_of[stage]} "
                                     f"({placement.shape} placement)")
 
@@ -151,8 +164,10 @@ class _Check:
                 self.at(rank, step, f"stage {stage} or micro-batch {mb} has no compute action at all")
         for s in range(self.stages):
             for m in range(self.micro_batches):
+                # A missing action has no cell: the fault is marked on its nearest relative that exists.
                 if ("F", s, m) not in where:
-                    self.notes.append(f"{s}F{m} is missing: every micro-batch needs a forward on every stage")
+                    self.mark_near([("B", s, m), ("I", s, m), ("F", s - 1, m)],
+                                   f"{s}F{m} is missing: every micro-batch needs a forward on every stage")
                 if not self.training:
                     continue
                 b, i, w = (("B", s, m) in where), (("I", s, m) in where), (("W", s, m) in where)
@@ -160,8 +175,9 @@ class _Check:
                     self.at(*where[("B", s, m)], f"stage {s} micro-batch {m} has both B and a split I/W backward")
                 elif not b and not (i and w):
                     lacking = "I and W" if not (i or w) else ("W" if i else "I")
-                    self.notes.append(f"stage {s} micro-batch {m} has no complete backward: B, or I and W "
-                                      f"(missing {lacking})")
+                    self.mark_near([("I", s, m), ("W", s, m), ("F", s, m)],
+                                   f"stage {s} micro-batch {m} has no complete backward: B, or I and W "
+                                   f"(missing {lacking})")
 
     def order(self) -> None:
         """Dependencies between actions of one rank must follow the rank's order."""
@@ -224,11 +240,7 @@ class _Check:
     def expect(self, key: Key, rank: int, before: Key | None = None, after: Key | None = None, why: str = "") -> None:
         where = self.where
         if key not in where:
-            anchor = before or after
-            if anchor in where:
-                self.at(*where[anchor], f"{_text(key)} is missing on rank {rank} ({why})")
-            else:
-                self.notes.append(f"{_text(key)} is missing on rank {rank} ({why})")
+            self.mark_near([k for k in (before, after) if k], f"{_text(key)} is missing on rank {rank} ({why})")
             return
         at_rank, at_step = where[key]
         if before is not None and before in where and where[before][1] < at_step:
