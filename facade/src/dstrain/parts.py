@@ -23,6 +23,7 @@ from .precision_setup import PrecisionSetup
 from .progress import TrainingProgress
 from .step_reporting import StepReporter
 from .tensorwise import TensorwiseOnFlat, needs_whole_tensors
+from .wiring_dsmoe import broadcast_expert_parameters, expert_param_group_keys, is_expert_tensor
 
 
 @dataclass(eq=False)
@@ -82,6 +83,7 @@ def build_training_parts(model: torch.nn.Module, config: DeepSpeedConfig, *, opt
     basic = _basic_optimizer(config, optimizer, model_parameters if model_parameters is not None else model.parameters())
     zero = None
     if basic is not None:
+        expert_param_group_keys(basic, model, groups)  # MoE groups: reduced over their expert-data group
         # Gradient norms and the fp16 overflow are decided over the layout's norm group (every stage and shard).
         norm_group = groups.norm if groups is not None else None
         basic, zero = _zero_optimizer(config, model, basic, precision, data_parallel_group, norm_group)
@@ -118,8 +120,9 @@ def broadcast_module_state(module: torch.nn.Module, group: Any) -> None:
     src = torch.distributed.get_global_rank(group, 0) if group is not None else 0
     with torch.no_grad():
         for tensor in [*module.parameters(), *module.buffers()]:
-            if tensor.numel():
+            if tensor.numel() and not is_expert_tensor(tensor):  # experts differ across expert-parallel ranks
                 dscomm.broadcast(tensor.data, src, group=group, log_name="engine_broadcast")
+    broadcast_expert_parameters(module)
 
 
 def _basic_optimizer(config: DeepSpeedConfig, client: Any, params: Any) -> torch.optim.Optimizer | None:
