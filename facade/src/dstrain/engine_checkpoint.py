@@ -36,6 +36,7 @@ from . import rng
 from .checkpoint_paths import LATEST, check_tag, read_latest, tag_directory
 from .errors import CheckpointLoadError, DstrainError
 from .logs import log_on_rank0
+from .wiring_dsmoe import expert_state_names, load_expert_states, save_expert_states
 
 if TYPE_CHECKING:
     from .parts import TrainingParts
@@ -81,6 +82,7 @@ def save_checkpoint(parts: TrainingParts, save_dir, tag: Any, client_state: dict
     dscomm.barrier(group=group)
     parts.optimizer.save(partial / ZERO_DIR, node_local=node_local)
     dsaio.save_state_dict(_rank_state(parts), partial / engine_file(parts.dp_rank))
+    save_expert_states(parts.module, partial)  # one file per (MoE layer, global expert), any ep_size loads
     if writer:
         dsaio.save_state_dict(_module_state(parts, set(excluded)), partial / MODEL_FILE)
         dsaio.save_state_dict(common, partial / COMMON_FILE)
@@ -159,7 +161,7 @@ def _sharded_names(parts: TrainingParts) -> set[str]:
 
 
 def _module_state(parts: TrainingParts, excluded: set[str]) -> dict[str, torch.Tensor]:
-    left_out = _sharded_names(parts) | excluded
+    left_out = _sharded_names(parts) | excluded | expert_state_names(parts.module)
     return {k: v.detach().contiguous() for k, v in parts.module.state_dict().items() if k not in left_out}
 
 
@@ -247,6 +249,7 @@ def _load_module(parts: TrainingParts, path: Path, common: dict, strict: bool) -
     current = parts.module.state_dict()
     # What the file should hold: everything but the shards' parameters and those the save excluded as frozen.
     expected = set(current) - _sharded_names(parts) - set(common.get(EXCLUDED_FROZEN) or [])
+    expected -= expert_state_names(parts.module)  # in the per-expert files
     missing, unexpected = sorted(expected - set(saved)), sorted(set(saved) - expected)
     if strict and (missing or unexpected):
         raise CheckpointLoadError(f"{path / MODEL_FILE} does not match the model: missing {missing[:5]}"
@@ -260,6 +263,7 @@ def _load_module(parts: TrainingParts, path: Path, common: dict, strict: bool) -
                     raise CheckpointLoadError(f"{path / MODEL_FILE}: {name} has shape {tuple(value.shape)} in the "
                                               f"checkpoint but {tuple(current[name].shape)} in the model")
                 current[name].copy_(value)
+    load_expert_states(parts.module, path, strict)
 
 
 def _custom_load_module(parts: TrainingParts, path: Path, load_fn: Callable[..., Any]) -> None:
