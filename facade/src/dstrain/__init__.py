@@ -32,6 +32,7 @@ _LAZY = {  # public name -> (module, attribute); attribute None means the module
     "checkpointing": ("checkpointing", None),
     "comm": ("comm", None),
     "zero": ("zero", None),
+    "moe": ("moe", None),
     "ops": ("ops", None),
     "lr_schedules": ("lr_schedules", None),
     "accelerator": ("accelerator", None),
