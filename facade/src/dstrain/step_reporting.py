@@ -43,12 +43,16 @@ def momenta(optimizer: Any) -> list[Any]:
 
 
 class StepReporter:
-    """Reports for `module` trained with `progress`; `after_step` is handed the optimizers of the step."""
+    """Reports for `module` trained with `progress`; `after_step` is handed the optimizers of the step.
+
+    `step_hooks` (the composition's, e.g. a curriculum's schedule) are called after each optimizer step
+    with the global step; the (label, value) events a hook returns go to the monitors."""
 
     def __init__(self, *, rank: int, module: torch.nn.Module, progress: TrainingProgress, fp16: bool,
                  steps_per_print: int, wall_clock_breakdown: bool, flops_profiler: FlopsProfilerConfig,
-                 monitor: dsmonitor.MonitorMaster):
+                 monitor: dsmonitor.MonitorMaster, step_hooks: list | None = None):
         self.rank = rank
+        self.step_hooks = step_hooks if step_hooks is not None else []
         self.module = module
         self.progress = progress
         self.fp16 = fp16
@@ -64,10 +68,10 @@ class StepReporter:
 
     @classmethod
     def from_config(cls, cfg: DeepSpeedConfig, *, rank: int, module: torch.nn.Module, progress: TrainingProgress,
-                    fp16: bool) -> StepReporter:
+                    fp16: bool, step_hooks: list | None = None) -> StepReporter:
         return cls(rank=rank, module=module, progress=progress, fp16=fp16, steps_per_print=cfg.steps_per_print,
                    wall_clock_breakdown=cfg.wall_clock_breakdown, flops_profiler=cfg.flops_profiler,
-                   monitor=dsmonitor.MonitorMaster.from_config(cfg, rank=rank))
+                   monitor=dsmonitor.MonitorMaster.from_config(cfg, rank=rank), step_hooks=step_hooks)
 
     # ------------------------------------------------------------------ timers
     def timer(self, name: str):
@@ -91,6 +95,7 @@ class StepReporter:
         """After an optimizer step: `optimizer` the ZeRO optimizer (loss scale, skipped steps),
         `basic_optimizer` the one whose parameter groups hold the learning rates."""
         step, samples = self.progress.global_steps, self.progress.global_samples
+        hook_events = [event for hook in self.step_hooks for event in (hook(step) or ())]
         if self.monitor.enabled:
             lrs = learning_rates(basic_optimizer)
             batch = [(events.LR, lrs[0], samples)] if lrs else []
@@ -100,6 +105,7 @@ class StepReporter:
                 batch.append((events.LOSS_SCALE, optimizer.loss_scale, samples))
             if self.timers is not None:
                 batch += self.timers.events(samples)
+            batch += [(label, value, samples) for label, value in hook_events]
             self.monitor.write_events(batch)
         self._loss_sum, self._loss_count = None, 0
         if step % self.steps_per_print == 0:
