@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import gc
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -17,7 +17,7 @@ import dscomm
 import dszero
 from dsconfig import ConfigError, DeepSpeedConfig, Problem
 
-from . import checkpointing
+from . import checkpointing, wiring_dsdata
 from .dataloader import DeepSpeedDataLoader
 from .precision_setup import PrecisionSetup
 from .progress import TrainingProgress
@@ -47,6 +47,7 @@ class TrainingParts:
     dp_world_size: int
     groups: Any = None  # dscomm.ParallelGroups, where initialize() built the layout
     gc_disabled: bool = False
+    step_hooks: list = field(default_factory=list)  # the composition's: called with the global step after each step
 
     def close(self) -> None:
         """Close the monitors and give the garbage collector back."""
@@ -58,9 +59,11 @@ class TrainingParts:
 
 def build_training_parts(model: torch.nn.Module, config: DeepSpeedConfig, *, optimizer: Any = None,
                          model_parameters: Any = None, training_data: Any = None, lr_scheduler: Any = None,
-                         collate_fn: Any = None, data_parallel_group: Any = None, groups: Any = None) -> TrainingParts:
+                         collate_fn: Any = None, data_parallel_group: Any = None, groups: Any = None,
+                         step_hooks: list | None = None) -> TrainingParts:
     """The parts for `model`, trained data-parallel over `data_parallel_group` (None: the whole world);
-    `groups`: the run's dscomm.ParallelGroups, whose norm group decides gradient norms and overflow.
+    `groups`: the run's dscomm.ParallelGroups, whose norm group decides gradient norms and overflow;
+    `step_hooks`: the composition's (compose.Composed.step_hooks), run by the reporter after each step.
 
     `optimizer` and `lr_scheduler` are the client's (an object or a callable that builds one), or
     None to build them from the config; giving both a client's and a config's is an error.
@@ -89,17 +92,24 @@ def build_training_parts(model: torch.nn.Module, config: DeepSpeedConfig, *, opt
         basic, zero = _zero_optimizer(config, model, basic, precision, data_parallel_group, norm_group)
     scheduler = _scheduler(config, lr_scheduler, basic)
     loader = None
+    wiring_dsdata.warn_curriculum_without_data(config, training_data)
     if training_data is not None:
-        loader = DeepSpeedDataLoader(training_data, config.train_micro_batch_size_per_gpu,
-                                     rank=dp_rank, world_size=dp_world_size,
-                                     collate_fn=collate_fn, drop_last=config.dataloader_drop_last)
+        # With curriculum learning on, dsdata's sampler draws the batches (and its state is checkpointed).
+        loader = wiring_dsdata.curriculum_loader(config, training_data, collate_fn=collate_fn, dp_rank=dp_rank,
+                                                 dp_world_size=dp_world_size, data_parallel_group=data_parallel_group,
+                                                 global_rank=dscomm.get_rank())
+        if loader is None:
+            loader = DeepSpeedDataLoader(training_data, config.train_micro_batch_size_per_gpu,
+                                         rank=dp_rank, world_size=dp_world_size,
+                                         collate_fn=collate_fn, drop_last=config.dataloader_drop_last)
     progress = TrainingProgress()
+    step_hooks = list(step_hooks or [])
     reporter = StepReporter.from_config(config, rank=dscomm.get_rank(), module=model, progress=progress,
-                                        fp16=precision.fp16)
+                                        fp16=precision.fp16, step_hooks=step_hooks)
     parts = TrainingParts(config=config, module=model, device=device, precision=precision, basic_optimizer=basic,
                           optimizer=zero, lr_scheduler=scheduler, training_dataloader=loader, progress=progress,
                           reporter=reporter, data_parallel_group=data_parallel_group, global_rank=dscomm.get_rank(),
-                          dp_rank=dp_rank, dp_world_size=dp_world_size, groups=groups)
+                          dp_rank=dp_rank, dp_world_size=dp_world_size, groups=groups, step_hooks=step_hooks)
     if config.disable_python_gc:  # last, so a failed build leaves the collector on
         gc.disable()
         parts.gc_disabled = True
