@@ -43,11 +43,12 @@ class DeepSpeedEngine(torch.nn.Module):
 
     def __init__(self, *, model: torch.nn.Module, config: DeepSpeedConfig, optimizer: Any = None,
                  model_parameters: Any = None, training_data: Any = None, lr_scheduler: Any = None,
-                 collate_fn: Any = None, data_parallel_group: Any = None, groups: Any = None):
+                 collate_fn: Any = None, data_parallel_group: Any = None, groups: Any = None,
+                 step_hooks: list | None = None):
         super().__init__()
         parts = build_training_parts(model, config, optimizer=optimizer, model_parameters=model_parameters,
                                      training_data=training_data, lr_scheduler=lr_scheduler, collate_fn=collate_fn,
-                                     data_parallel_group=data_parallel_group, groups=groups)
+                                     data_parallel_group=data_parallel_group, groups=groups, step_hooks=step_hooks)
         self._parts: TrainingParts = parts
         self._progress = parts.progress
         self._config = config
@@ -279,6 +280,33 @@ class DeepSpeedEngine(torch.nn.Module):
 
         return save_16bit_model(self._parts, save_dir, save_filename,
                                 exclude_frozen_parameters=exclude_frozen_parameters)
+
+    # ------------------------------------------------------------------ data efficiency (dsdata)
+    def set_data_post_process_func(self, post_process_func) -> None:
+        """fn(batch, sampler_state) -> batch, applied to each batch of the curriculum loader (e.g. dsdata's
+        seqlen_post_process cuts the sequences to the current difficulty)."""
+        from .wiring_dsdata import set_data_post_process_func
+
+        set_data_post_process_func(self._parts, post_process_func)
+
+    def set_custom_curriculum_learning_schedule(self, schedule_func_dict: dict) -> None:
+        """{metric: fn(global_step) -> difficulty} for the curriculum metrics whose schedule_type is custom."""
+        from .wiring_dsdata import set_custom_curriculum_learning_schedule
+
+        set_custom_curriculum_learning_schedule(self._parts, schedule_func_dict)
+
+    @property
+    def random_ltd_scheduler(self) -> Any:
+        """The run's random-LTD schedule and token counts (dsdata.RandomLTDScheduler), None when it is off."""
+        from .wiring_dsdata import random_ltd_scheduler
+
+        return random_ltd_scheduler(self._parts)
+
+    def random_ltd_initialize(self) -> None:
+        """Give the module's random-LTD layers the config's schedule (dstrain.convert_to_random_ltd calls it)."""
+        from .wiring_dsdata import random_ltd_initialize
+
+        random_ltd_initialize(self._parts, self.module)
 
     # ------------------------------------------------------------------ the rest
     def _state_text(self) -> str:
