@@ -56,6 +56,11 @@ def save_checkpoint(parts: TrainingParts, save_dir, tag: Any, client_state: dict
                     exclude_frozen_parameters: bool = False) -> bool:
     if parts.optimizer is None:
         raise DstrainError("save_checkpoint() needs an optimizer: a checkpoint is the training state")
+    from . import tp_checkpoint
+
+    if tp_checkpoint.tensor_state(parts) is not None:  # one sub-directory per tensor rank
+        return tp_checkpoint.save_checkpoint(parts, save_dir, tag, client_state, save_latest,
+                                             exclude_frozen_parameters=exclude_frozen_parameters)
     # Everything a save can refuse is refused here, on every rank, before any rank writes or waits.
     steps = parts.progress.global_steps
     tag = check_tag(str(tag) if tag is not None else f"global_step{steps}")
@@ -199,6 +204,16 @@ def load_checkpoint(parts: TrainingParts, load_dir, tag: Any, *, load_module_str
     if custom_load_fn is not None and not callable(custom_load_fn):
         raise TypeError(f"load_checkpoint(custom_load_fn=...) must be callable as custom_load_fn(src=<state dict>, "
                         f"dst=<module>), got {type(custom_load_fn).__name__}")
+    from . import tp_checkpoint
+
+    if tp_checkpoint.tensor_state(parts) is not None or tp_checkpoint.is_tp_checkpoint(common):
+        if custom_load_fn is not None:
+            raise DstrainError("load_checkpoint(custom_load_fn=...) with tensor parallelism: the saved module is cut "
+                               "over the tensor ranks; load without custom_load_fn")
+        return tp_checkpoint.load_checkpoint(parts, path, common, load_module_strict=load_module_strict,
+                                             load_optimizer_states=load_optimizer_states,
+                                             load_lr_scheduler_states=load_lr_scheduler_states,
+                                             load_module_only=load_module_only)
     if custom_load_fn is not None:
         _custom_load_module(parts, path, custom_load_fn)
     else:
@@ -307,6 +322,11 @@ def save_16bit_model(parts: TrainingParts, save_dir, save_filename: str, *,
     """The module's weights in its training dtype, as one file on rank 0 (torch format for .bin/.pt,
     safetensors otherwise); exclude_frozen_parameters leaves out those with requires_grad False. At
     stage 3 this needs stage3_gather_16bit_weights_on_model_save."""
+    from . import tp_checkpoint
+
+    if tp_checkpoint.tensor_state(parts) is not None:  # the shards merged: the whole model, loadable by its class
+        return tp_checkpoint.save_16bit_model(parts, save_dir, save_filename,
+                                              exclude_frozen_parameters=exclude_frozen_parameters)
     module = parts.module
     rank = parts.dp_rank
     target = Path(save_dir) / save_filename
