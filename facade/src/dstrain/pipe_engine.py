@@ -1,0 +1,303 @@
+"""`PipelineEngine`: a dspipe PipelineModule trained by a pipeline schedule, as DeepSpeed's
+`deepspeed.runtime.pipe.PipelineEngine` presents it (`train_batch`, `eval_batch`, ...).
+
+A sibling of DeepSpeedEngine, built from the same parts (`parts.build_training_parts`: precision,
+the ZeRO optimizer over this stage's data-parallel group with the norm group spanning every stage,
+scheduler, loader, progress, reporter), saved by `pipe_checkpoint`. dspipe's runtime runs the
+schedule; the ZeRO optimizer fills its gradient-sync seam (sync held back over the batch's backward
+passes, tied gradients summed across stages, one reduction, then the step).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+import dscomm
+from dsconfig import DeepSpeedConfig
+from dsmonitor import events
+from dspipe import PipelineError, PipelineModule
+from dspipe.runtime import PipelineRuntime
+
+from .dataloader import DeepSpeedDataLoader, RepeatingLoader
+from .engine import _counter, _part
+from .errors import DstrainError
+from .logs import log_on_rank0
+from .parts import TrainingParts, build_training_parts
+from .step_reporting import learning_rates, momenta
+from .wiring_dspipe import choose_schedule, refuse_zero_stage_3
+
+ONLY_TRAIN_BATCH = "Only train_batch() is accessible in pipeline mode."
+
+
+class _ZeroSeam:
+    """The parts' ZeRO optimizer as dspipe's GradientSync; step() also steps the scheduler and counters."""
+
+    def __init__(self, engine: PipelineEngine):
+        self.engine = engine
+
+    @property
+    def backward_scale(self) -> float:
+        return self.engine.optimizer.backward_scale
+
+    def require_gradient_sync(self, enabled: bool) -> None:
+        self.engine.optimizer.require_gradient_sync(enabled)
+
+    def finish_backward(self) -> None:
+        self.engine.optimizer.finish_backward()
+
+    def step(self) -> bool:
+        return self.engine._optimizer_step()
+
+
+class PipelineEngine(torch.nn.Module):
+    """Built by `dstrain.initialize(model=PipelineModule(...))`; `loss = engine.train_batch()`."""
+
+    optimizer = _part("optimizer", "The ZeRO optimizer of this rank's stages (None without an optimizer).")
+    basic_optimizer = _part("basic_optimizer", "The torch optimizer whose parameter groups hold lr and betas.")
+    lr_scheduler = _part("lr_scheduler", "The learning-rate scheduler, stepped at each applied optimizer step.")
+    training_dataloader = _part("training_dataloader", "The loader over initialize(training_data=...), or None.")
+    global_steps = _counter("global_steps", "Optimizer steps (train_batch calls) taken.")
+    global_samples = _counter("global_samples", "Samples consumed by those steps, over all data-parallel ranks.")
+    micro_steps = _counter("micro_steps", "Micro-batches trained.")
+
+    def __init__(self, *, model: PipelineModule, config: DeepSpeedConfig, optimizer: Any = None,
+                 model_parameters: Any = None, training_data: Any = None, lr_scheduler: Any = None,
+                 collate_fn: Any = None, data_parallel_group: Any = None, groups: Any = None,
+                 step_hooks: list | None = None):
+        super().__init__()
+        if not isinstance(model, PipelineModule):
+            raise DstrainError(f"PipelineEngine trains a dspipe PipelineModule, got {type(model).__name__}")
+        refuse_zero_stage_3(config)
+        schedule = choose_schedule(config, model)
+        parts = build_training_parts(model, config, optimizer=optimizer, model_parameters=model_parameters,
+                                     training_data=training_data, lr_scheduler=lr_scheduler, collate_fn=collate_fn,
+                                     data_parallel_group=data_parallel_group, groups=groups, step_hooks=step_hooks)
+        self._parts: TrainingParts = parts
+        self._progress = parts.progress
+        self._config = config
+        self.config = config.to_dict()
+        self.module = model
+        self.groups = groups
+        self.global_rank = parts.global_rank
+        self.world_size = dscomm.get_world_size()
+        self.local_rank = dscomm.get_local_rank()
+        self.dp_world_size = parts.dp_world_size
+        self.device = parts.device
+        self.precision = parts.precision
+        self.reporter = parts.reporter
+        self.num_stages = model.num_stages
+        self.stage_id = model.stage_id
+        self.micro_batches = config.gradient_accumulation_steps
+        self.micro_batch_size = config.train_micro_batch_size_per_gpu
+        self.schedule = schedule
+        self.runtime = PipelineRuntime(model, groups, schedule, device=parts.device,
+                                       input_hook=parts.precision.cast_inputs,
+                                       forward_context=parts.precision.forward_context)
+        self._seam = _ZeroSeam(self)
+        self.data_iterator: Any = None
+        self.batch_fn: Any = None
+        self.has_attention_mask = False
+        self.agg_train_loss: torch.Tensor | None = None
+        self._step_applied = False
+        if parts.training_dataloader is not None:
+            self.set_dataloader(RepeatingLoader(parts.training_dataloader))
+        log_on_rank0(self.global_rank, f"pipeline engine ready: {self.num_stages} ranks x {model.placement.stages} "
+                                       f"stages ({model.placement.shape}), schedule {schedule}, "
+                                       f"{self.micro_batches} micro-batches of {self.micro_batch_size} x "
+                                       f"{self.dp_world_size} data-parallel replica(s)")
+
+    # ------------------------------------------------------------------ training
+    def train_batch(self, data_iter: Any = None) -> torch.Tensor:
+        """Forward and backward of gradient_accumulation_steps() micro-batches by the schedule, then the
+        optimizer step; returns the batch's mean loss (averaged over the data-parallel replicas) on every rank."""
+        self._require_optimizer("train_batch")
+        if data_iter is not None:
+            self.set_dataiterator(data_iter)
+        started = time.perf_counter()
+        timer = self.reporter.timer("step")
+        timer.start()
+        loss = self.runtime.train_batch(self._batches(), self._seam, self.micro_batches)
+        timer.stop()
+        self.agg_train_loss = loss
+        progress = self._progress
+        progress.last_step_applied = bool(self._step_applied)
+        progress.micro_steps += self.micro_batches - 1  # count_step adds the last one
+        progress.count_step(True, self.train_batch_size())
+        self.reporter.record_loss(loss)
+        self.reporter.after_step(self.optimizer, self.basic_optimizer)
+        if self.global_steps % self.steps_per_print() == 0:
+            seconds = time.perf_counter() - started
+            log_on_rank0(self.global_rank, f"steps: {self.global_steps} loss: {loss.item():0.4f} iter time (s): "
+                                           f"{seconds:0.3f} samples/sec: {self.train_batch_size() / seconds:0.3f}")
+        return loss
+
+    def _optimizer_step(self) -> bool:
+        """The schedule's STEP: the ZeRO step, then the scheduler when the step was applied."""
+        applied = self.optimizer.step()
+        if applied and self.lr_scheduler is not None:
+            self.lr_scheduler.step()
+        self.optimizer.zero_grad()
+        self._step_applied = applied
+        return applied
+
+    def eval_batch(self, data_iter: Any, return_logits: bool = False, compute_loss: bool = True,
+                   reduce_output: str | None = "avg", bcast_loss: bool = True,
+                   num_micro_batches: int | None = None) -> Any:
+        """The forward pass of num_micro_batches (default: gradient_accumulation_steps()) micro-batches,
+        without gradients: the mean loss on every rank (bcast_loss), or with return_logits (loss, outputs
+        of the last micro-batch, on the last stage)."""
+        saved = self.data_iterator
+        self.set_dataiterator(data_iter)
+        micro = self.micro_batches if num_micro_batches is None else num_micro_batches
+        try:
+            with torch.no_grad():
+                result = self.runtime.eval_batch(self._batches(), micro, compute_loss=compute_loss,
+                                                 reduce_output=reduce_output, bcast_loss=bcast_loss,
+                                                 return_logits=return_logits)
+        finally:
+            self.data_iterator = saved
+        loss = result[0] if return_logits else result
+        if self.reporter.monitor.enabled and torch.is_tensor(loss):
+            self.reporter.monitor.write_events([(events.EVAL_LOSS, loss.mean().item(), self.global_samples)])
+        return result
+
+    def _batches(self) -> Any:
+        iterator = self.data_iterator
+        if iterator is None or self.batch_fn is None:
+            return iterator
+        return (self.batch_fn(batch) for batch in iterator)
+
+    # ------------------------------------------------------------------ DeepSpeed's pipeline methods
+    def is_first_stage(self) -> bool:
+        return self.module.placement.first_stage_rank == self.stage_id
+
+    def is_last_stage(self) -> bool:
+        """Whether this rank computes the loss (rank 0 for a DualPipeVModule)."""
+        return self.module.placement.last_stage_rank == self.stage_id
+
+    def get_pipeline_parallel_rank(self) -> int:
+        return self.stage_id
+
+    def set_dataloader(self, loader: Any) -> None:
+        if self.is_first_stage() or self.is_last_stage():
+            self.data_iterator = iter(loader)
+
+    def set_dataiterator(self, iterator: Any) -> None:
+        if self.is_first_stage() or self.is_last_stage():
+            self.data_iterator = iterator
+
+    def set_batch_fn(self, fn: Any) -> None:
+        """fn(batch) -> batch, applied to every micro-batch pulled from the data iterator."""
+        self.batch_fn = fn
+
+    def set_has_attention_mask(self, value: bool) -> None:
+        self.has_attention_mask = bool(value)  # tensors of any dtype travel between stages here
+
+    def reset_activation_shape(self) -> None:
+        """Exchange the activation shapes again (call it on every rank when they change without dynamic_shape)."""
+        self.runtime.reset_activation_shape()
+
+    def deepspeed_io(self, dataset: Any, batch_size: int | None = None, route: str = "train", collate_fn: Any = None,
+                     num_workers: int = 0, data_sampler: Any = None) -> DeepSpeedDataLoader:
+        return DeepSpeedDataLoader(dataset, batch_size or self.train_micro_batch_size_per_gpu(),
+                                   rank=self._parts.dp_rank, world_size=self.dp_world_size, collate_fn=collate_fn,
+                                   num_workers=num_workers, data_sampler=data_sampler, shuffle=route == "train",
+                                   drop_last=self._config.dataloader_drop_last)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        raise PipelineError(f"{ONLY_TRAIN_BATCH} engine(...) runs no pipeline: call engine.train_batch() (or "
+                            f"engine.eval_batch(data_iter))")
+
+    def backward(self, *args: Any, **kwargs: Any) -> Any:
+        raise PipelineError(f"{ONLY_TRAIN_BATCH} train_batch() runs the backward passes of its schedule")
+
+    def step(self, *args: Any, **kwargs: Any) -> Any:
+        raise PipelineError(f"{ONLY_TRAIN_BATCH} train_batch() ends with the optimizer step")
+
+    def _require_optimizer(self, what: str) -> None:
+        if self.optimizer is None:
+            raise DstrainError(f"engine.{what}() needs an optimizer: add an \"optimizer\" section to the config or "
+                               f"pass optimizer= to initialize()")
+
+    # ------------------------------------------------------------------ accessors, as DeepSpeedEngine's
+    def train_batch_size(self) -> int:
+        return self._config.train_batch_size
+
+    def train_micro_batch_size_per_gpu(self) -> int:
+        return self._config.train_micro_batch_size_per_gpu
+
+    def gradient_accumulation_steps(self) -> int:
+        return self._config.gradient_accumulation_steps
+
+    def is_gradient_accumulation_boundary(self) -> bool:
+        return True  # every train_batch ends with a step
+
+    def was_step_applied(self) -> bool:
+        return self._progress.last_step_applied
+
+    def zero_optimization_stage(self) -> int:
+        return self._config.zero_optimization.stage
+
+    def fp16_enabled(self) -> bool:
+        return self.precision.fp16
+
+    def bfloat16_enabled(self) -> bool:
+        return self.precision.bf16
+
+    def gradient_clipping(self) -> float:
+        return self.optimizer.gradient_clipping if self.optimizer is not None else 0.0
+
+    def steps_per_print(self) -> int:
+        return self._config.steps_per_print
+
+    @property
+    def loss_scale(self) -> float:
+        return self.optimizer.loss_scale if self.optimizer is not None else 1.0
+
+    @property
+    def skipped_steps(self) -> int:
+        return self.optimizer.skipped_steps if self.optimizer is not None else 0
+
+    def get_lr(self) -> list[float]:
+        return learning_rates(self.basic_optimizer)
+
+    def get_mom(self) -> list[Any]:
+        return momenta(self.basic_optimizer)
+
+    def get_global_grad_norm(self) -> float | None:
+        return self.optimizer.get_global_grad_norm() if self.optimizer is not None else None
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest: bool = True,
+                        exclude_frozen_parameters: bool = False) -> bool:
+        """Save under `save_dir/<tag>` (collective over every rank): one file per layer (DeepSpeed's
+        `layer_XX-model_states`), each stage's ZeRO shards, the scheduler and counters."""
+        from .pipe_checkpoint import save_checkpoint
+
+        self._require_optimizer("save_checkpoint")
+        return save_checkpoint(self._parts, self.module, save_dir, tag, client_state or {}, save_latest,
+                               exclude_frozen_parameters=exclude_frozen_parameters)
+
+    def load_checkpoint(self, load_dir, tag=None, load_module_strict: bool = True, load_optimizer_states: bool = True,
+                        load_lr_scheduler_states: bool = True, load_module_only: bool = False,
+                        custom_load_fn=None) -> tuple[str | None, Any]:
+        """Load a checkpoint (collective). Weights load at any number of stages; the optimizer's state
+        needs the stages it was saved with (else pass load_optimizer_states=False)."""
+        from .pipe_checkpoint import load_checkpoint
+
+        if custom_load_fn is not None:
+            raise DstrainError("load_checkpoint(custom_load_fn=...) is not supported with a PipelineModule (its "
+                               "weights are stored per layer): load without it")
+        return load_checkpoint(self._parts, self.module, load_dir, tag, load_module_strict=load_module_strict,
+                               load_optimizer_states=load_optimizer_states,
+                               load_lr_scheduler_states=load_lr_scheduler_states, load_module_only=load_module_only)
+
+    def module_state_dict(self, exclude_frozen_parameters: bool = False) -> dict[str, torch.Tensor]:
+        """This rank's layers' weights (a pipeline's full model is spread over its ranks)."""
+        return {k: v for k, v in self.module.state_dict().items()}
+
+    def destroy(self) -> None:
+        self._parts.close()
