@@ -42,20 +42,23 @@ def requested_degrees(source) -> dict[str, int]:
     return degrees
 
 
-def parallel_dims(cfg: DeepSpeedConfig, world_size: int, *, tensor: int | None = None) -> dscomm.ParallelDims:
+def parallel_dims(cfg: DeepSpeedConfig, world_size: int, *, tensor: int | None = None,
+                  pipe: int | None = None) -> dscomm.ParallelDims:
     """The layout of a run of `cfg` on `world_size` ranks: pipe x tensor x data from pipeline.stages and
     tensor_parallel.autotp_size (`tensor`: a Megatron mpu's model-parallel size instead). The plain engine runs pipe 1 x any tensor degree (dstp cuts the model over
-    the tensor group, ZeRO partitions over the data group); other layouts are refused by key."""
-    degrees = {"pipeline.stages": cfg.pipeline.stages if isinstance(cfg.pipeline.stages, int) else 1,
+    the tensor group, ZeRO partitions over the data group); `pipe`: a PipelineModule's stages, which the
+    pipeline engine runs (without one, pipeline.stages above 1 is refused by key)."""
+    engine_runs_pipe = pipe is not None
+    degrees = {"pipeline.stages": pipe or (cfg.pipeline.stages if isinstance(cfg.pipeline.stages, int) else 1),
                "tensor_parallel.autotp_size": tensor or max(cfg.tensor_parallel.autotp_size, 1)}
     pipe, tensor = degrees.values()
     try:
         dims = dscomm.ParallelDims(world_size, pipe=pipe, tensor=tensor)
     except dscomm.CommError as exc:
         raise ConfigError([Problem(key, str(exc), value) for key, value in degrees.items() if value > 1]) from None
-    unrunnable = [Problem(key, f"needs a {dims} layout, but this engine trains data parallel only (pipe 1 x "
-                               f"tensor 1 x data {world_size}); remove the key or set it to 1", value)
-                  for key, value in degrees.items() if value > 1 and key in ENGINE_RUNS_ONLY_ONE]
+    unrunnable = [Problem(key, f"needs a {dims} layout, which only a pipeline engine runs: pass a "
+                               f"dstrain.pipe.PipelineModule as the model, or remove the key or set it to 1", value)
+                  for key, value in degrees.items() if value > 1 and key in ENGINE_RUNS_ONLY_ONE and not engine_runs_pipe]
     if unrunnable:
         raise UnsupportedFeatureError(unrunnable)
     return dims
