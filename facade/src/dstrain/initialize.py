@@ -15,6 +15,8 @@ from .engine import DeepSpeedEngine
 from .errors import DstrainError
 from .feature_gate import check_features
 from .layout import data_parallel_size, parallel_dims, requested_degrees
+from .pipe_engine import PipelineEngine
+from .wiring_dspipe import is_pipeline_module, pipeline_degree
 from .wiring_dstp import check_mpu, mpu_tensor_size
 
 
@@ -22,14 +24,14 @@ def initialize(args: Any = None, model: torch.nn.Module | None = None, optimizer
                model_parameters: Any = None, training_data: Any = None, lr_scheduler: Any = None,
                distributed_port: int = 29500, mpu: Any = None, dist_init_required: bool | None = None,
                collate_fn: Any = None, config: Any = None, mesh_param: Any = None, config_params: Any = None,
-               *, strict_config: bool = False) -> tuple[DeepSpeedEngine, Any, Any, Any]:
+               *, strict_config: bool = False) -> tuple[DeepSpeedEngine | PipelineEngine, Any, Any, Any]:
     """Build the training engine: returns (engine, optimizer, training_dataloader, lr_scheduler).
 
     The config comes from `config` (a path, a dict or a base64 string), `config_params`, or
     `args.deepspeed_config`. Unknown config keys warn (strict_config=True makes them errors);
     a key that turns on a feature dstrain lacks is always an error. The run's layout (ParallelDims)
     is built from the config once, registered for dscomm.groups' getters, and its data group is
-    where ZeRO partitions and reduces.
+    where ZeRO partitions and reduces. A dspipe PipelineModule gets a PipelineEngine, its stages the pipe axis.
     """
     if model is None:
         raise TypeError("initialize() needs model=<your torch.nn.Module>")
@@ -41,17 +43,20 @@ def initialize(args: Any = None, model: torch.nn.Module | None = None, optimizer
     source = pick_source(args, config, config_params)
     # The batch triple resolves at the data-parallel size: the world over pipe x tensor (an mpu's, if given).
     degrees = requested_degrees(source)
+    degrees["pipeline.stages"] = pipeline_degree(model, degrees)  # a PipelineModule's own stages
     if mpu is not None:
         degrees["tensor_parallel.autotp_size"] = mpu_tensor_size(mpu, degrees.get("tensor_parallel.autotp_size", 1))
     cfg, raw = load_config(source, data_parallel_size(degrees, world), strict=strict_config)
     check_features(cfg, raw)
     tensor = degrees["tensor_parallel.autotp_size"] if mpu is not None else None
-    groups = parallel_dims(cfg, world, tensor=tensor).build()  # collective: every rank creates every group
+    pipe = degrees["pipeline.stages"] if is_pipeline_module(model) else None
+    groups = parallel_dims(cfg, world, tensor=tensor, pipe=pipe).build()  # collective: every rank creates every group
     if mpu is not None:
         check_mpu(mpu, groups)
     dscomm.groups.use(groups)
     composed = compose(model, cfg, groups, model_parameters)  # every parallelism, in its one order
-    engine = DeepSpeedEngine(model=composed.model, config=cfg, optimizer=optimizer,
+    engine_type = PipelineEngine if is_pipeline_module(composed.model) else DeepSpeedEngine
+    engine = engine_type(model=composed.model, config=cfg, optimizer=optimizer,
                              model_parameters=composed.model_parameters, training_data=training_data,
                              lr_scheduler=lr_scheduler, collate_fn=collate_fn, data_parallel_group=groups.data,
                              groups=groups, step_hooks=composed.step_hooks)
