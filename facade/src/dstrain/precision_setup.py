@@ -37,9 +37,12 @@ class PrecisionSetup:
         return self.precision.dtype == "bf16"
 
     def prepare_module(self, module: torch.nn.Module) -> None:
-        """The model in its training dtype (fp16 / bf16 cast in place, parameters keep their identity)."""
+        """The model in its training dtype (fp16 / bf16 cast in place, parameters keep their identity). A
+        float64 model without fp16 / bf16 trains in float64 (dszero's "fp64", masters included), as DDP would."""
         if self.model_dtype != torch.float32:
             module.to(self.model_dtype)
+        elif {p.dtype for p in module.parameters() if p.is_floating_point()} == {torch.float64}:
+            self.precision, self.model_dtype = Precision("fp64"), torch.float64
 
     def cast_inputs(self, value: Any) -> Any:
         """fp16.auto_cast: floating-point inputs become fp16, nested in lists, tuples and dicts."""
