@@ -45,6 +45,7 @@ ZERO_DIR = "zero"
 MODEL_FILE = "model_states.safetensors"
 COMMON_FILE = "engine_common.safetensors"  # scheduler and client state, written once
 EXCLUDED_FROZEN = "excluded_frozen"  # in the common file, only when exclude_frozen_parameters left some out
+STEP_HOOKS = "step_hooks"  # in the common file: {hook name: state} of the composition's stateful step hooks
 
 
 def engine_file(rank: int) -> str:
@@ -70,6 +71,9 @@ def save_checkpoint(parts: TrainingParts, save_dir, tag: Any, client_state: dict
     excluded = _frozen_names(parts.module) if exclude_frozen_parameters else []
     if excluded:
         common[EXCLUDED_FROZEN] = excluded
+    hook_states = {hook.name: hook.state_dict() for hook in _stateful_hooks(parts)}
+    if hook_states:  # schedules that advance with the steps (random-LTD, a curriculum): the same on every rank
+        common[STEP_HOOKS] = hook_states
     _check_storable(common)
     tag = _validate_tag(parts, tag)
     root = Path(save_dir)
@@ -140,6 +144,10 @@ def _rank0_text(text: str, group) -> str:
     buffer[: min(encoded.numel(), buffer.numel())] = encoded[: buffer.numel()]
     dscomm.broadcast(buffer, src, group=group, log_name="checkpoint_tag")
     return bytes(buffer.tolist()).decode()
+
+
+def _stateful_hooks(parts: TrainingParts) -> list:
+    return [hook for hook in parts.step_hooks if hasattr(hook, "state_dict") and hasattr(hook, "name")]
 
 
 def _rank_state(parts: TrainingParts) -> dict[str, Any]:
@@ -228,6 +236,10 @@ def load_checkpoint(parts: TrainingParts, load_dir, tag: Any, *, load_module_str
     optimizer.load(path / ZERO_DIR, load_optimizer_states=load_optimizer_states)
     if load_lr_scheduler_states and parts.lr_scheduler is not None and common["lr_scheduler"] is not None:
         parts.lr_scheduler.load_state_dict(common["lr_scheduler"])
+    saved_hooks = common.get(STEP_HOOKS) or {}
+    for hook in _stateful_hooks(parts):
+        if hook.name in saved_hooks:
+            hook.load_state_dict(saved_hooks[hook.name])
     _load_rank_state(parts, path, common)
     dscomm.barrier(group=parts.data_parallel_group)
     log_on_rank0(parts.global_rank, f"loaded checkpoint {path} (step {parts.progress.global_steps})")
@@ -308,7 +320,7 @@ def _load_rank_state(parts: TrainingParts, path: Path, common: dict) -> None:
     loader = parts.training_dataloader
     if loader is not None and state["loader"] is not None:
         position = dict(state["loader"])
-        if not same_world:  # the same number of samples consumed, in batches of the new world size
+        if not same_world and "batches_taken" in position:  # the same samples consumed, in the new world's batches
             consumed = position["batches_taken"] * common["dp_world_size"]
             position["batches_taken"] = consumed // parts.dp_world_size
         loader.load_state_dict(position)
