@@ -27,6 +27,7 @@ from dsconfig import DeepSpeedConfig
 
 from .wiring_dsdata import apply_random_ltd  # 3. dsdata
 from .wiring_dsmoe import apply_experts  # 2. dsmoe
+from .wiring_dspipe import apply_pipeline_split  # 5. dspipe
 from .wiring_dstp import apply_tensor_parallel  # 1. dstp
 
 
@@ -53,7 +54,6 @@ def _unchanged(composed: Composed, config: DeepSpeedConfig, groups: Any) -> Comp
 
 # The steps, in order. A library's wiring replaces its placeholder with its own function.
 apply_activation_checkpointing = _unchanged  # 4. configured by parts from the config's section
-apply_pipeline_split = _unchanged  # 5. dspipe: initialize() hands a PipelineModule to the pipeline engine
 
 STEPS = (apply_tensor_parallel, apply_experts, apply_random_ltd, apply_activation_checkpointing,
          apply_pipeline_split)
