@@ -191,16 +191,24 @@ def test_reserved_length_never_below_min_value_and_layer_tokens():
         RandomLTDScheduler(ltd_config([0], total=3, min_value=4), 10).load_state_dict(scheduler.state_dict())
 
 
-def test_state_dicts_without_the_wrappers():
+def test_conversion_changes_no_name_and_deepspeed_state_dicts_load():
     model = Model()
     plain_state = {k: v.clone() for k, v in model.state_dict().items()}
+    names = [n for n, _ in model.named_parameters()]
     convert_to_random_ltd(model, Block)
-    assert all(".random_ltd_layer." in k for k in model.state_dict())
-    assert list(remove_random_ltd_state_dict(model.state_dict())) == list(plain_state)
-    fresh = Model()
-    convert_to_random_ltd(fresh, Block)
-    fresh.load_state_dict(plain_state)  # the unconverted model's keys load into a converted one
-    assert all(torch.equal(a, plain_state[k]) for k, a in save_without_random_ltd(fresh).items())
+    assert list(model.state_dict()) == list(plain_state) and [n for n, _ in model.named_parameters()] == names
+    wrapper = model.blocks[0]
+    assert isinstance(wrapper, RandomLayerTokenDrop) and wrapper.batch_first is True  # the layer's attribute
+    model.eval()
+    assert not wrapper.random_ltd_layer.training and not wrapper.qkv.training
+    model.train()
+    assert wrapper.random_ltd_layer.training
+    # DeepSpeed's wrapper names every entry "...random_ltd_layer...": such state dicts load, and strip.
+    deepspeed_state = {k.replace("blocks.1.", "blocks.1.random_ltd_layer."): torch.zeros_like(v)
+                       for k, v in plain_state.items()}
+    assert list(remove_random_ltd_state_dict(deepspeed_state)) == list(plain_state)
+    model.load_state_dict(deepspeed_state)
+    assert all(float(v.abs().sum()) == 0 for v in save_without_random_ltd(model).values())
 
 
 def test_nothing_to_convert_is_an_error():

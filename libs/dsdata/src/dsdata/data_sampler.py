@@ -171,12 +171,13 @@ class DataSampler:
     def _open_cluster(self, previous: dict, current: dict, rng: np.random.Generator | None = None) -> bool:
         members = cluster_members(self.indexes, self.spec.metrics, self.one_epoch_total_samples, previous, current,
                                   [c.members for c in self.clusters])
+        report = rng is None and self.global_rank == 0  # not when rebuilding from a checkpoint; one rank speaks
         if members is None or members.size == 0:
-            logger.info(f"curriculum: difficulties {current} open no new cluster (no sample between {previous} "
-                        f"and them)")
+            if report and any(previous[m.name] != current[m.name] for m in self.spec.metrics if m.clusters):
+                logger.info(f"curriculum: difficulties {current} admit no sample beyond those of {previous}")
             return False
         self.clusters.append(_Cluster(members, previous, current, rng or self.np_rng))
-        if rng is None:
+        if report:
             logger.info(f"curriculum: new cluster of {members.size} samples for difficulties {current} at step "
                         f"{self.curriculum_step}")
         return True

@@ -43,12 +43,16 @@ def convert_to_random_ltd(model: Any, convert_type: type) -> Any:
 
 
 def _outermost(module: nn.Module, convert_type: type) -> list[str]:
+    """Names of the `convert_type` layers not inside another one or inside a wrapper already."""
+    taken: list[str] = []
     names: list[str] = []
     for name, child in module.named_modules():
-        if not name or isinstance(child, RandomLayerTokenDrop):
+        if not name or any(name.startswith(f"{n}.") for n in taken):
             continue
-        inside_wrapper = any(name.startswith(f"{n}.") for n in names) or f".{WRAPPED}." in f".{name}."
-        if isinstance(child, convert_type) and not inside_wrapper:
+        if isinstance(child, RandomLayerTokenDrop):
+            taken.append(name)
+        elif isinstance(child, convert_type):
+            taken.append(name)
             names.append(name)
     return names
 
@@ -87,7 +91,8 @@ def configure_random_ltd(model: Any, config: Any, scheduler: RandomLTDScheduler)
 
 
 def remove_random_ltd_state_dict(state_dict: dict) -> OrderedDict:
-    """`state_dict` with the wrappers' path segment removed from every key: the unconverted model's keys."""
+    """`state_dict` with DeepSpeed's wrapper segment (".random_ltd_layer") removed from every key: the
+    unconverted model's keys (dsdata's wrappers add none, so its state dicts come back unchanged)."""
     out = OrderedDict()
     for key, value in state_dict.items():
         out[".".join(part for part in key.split(".") if part != WRAPPED)] = value
@@ -95,5 +100,5 @@ def remove_random_ltd_state_dict(state_dict: dict) -> OrderedDict:
 
 
 def save_without_random_ltd(model: Any) -> OrderedDict:
-    """The model's state dict with the unconverted model's keys."""
+    """The model's state dict with the unconverted model's keys (DeepSpeed's helper; dsdata's keys are those)."""
     return remove_random_ltd_state_dict(_target(model).state_dict())

@@ -12,7 +12,7 @@ from ..errors import DataEfficiencyError
 from .ops import gather_encoder_mask, gather_tokens, sample_token_indices, scatter_tokens, slice_decoder_mask
 from .scheduler import BASE, RandomLTDScheduler
 
-WRAPPED = "random_ltd_layer"  # the wrapped layer's attribute, as in DeepSpeed (state_dict keys carry it)
+WRAPPED = "random_ltd_layer"  # DeepSpeed's name of the wrapped layer (its state_dict keys carry it; ours do not)
 
 
 class RandomLayerTokenDrop(nn.Module):
@@ -22,11 +22,22 @@ class RandomLayerTokenDrop(nn.Module):
     ([layers, batch, reserved], shared through the scheduler) and each layer takes its own row, as
     DeepSpeed does. The layer's inputs other than the hidden states must be passed as keywords; the
     attention mask (config model_mask_name) is sliced (decoder) or gathered (encoder) to the kept tokens.
+
+    The wrapper adds no name: the layer's parameters, buffers and submodules are the wrapper's own (the
+    same dictionaries), so parameter and state_dict names are those of the unconverted model, and a
+    checkpoint or an optimizer built before or after conversion matches either way (DeepSpeed inserts
+    ".random_ltd_layer" into every name; such state dicts load here too). The layer is
+    `wrapper.random_ltd_layer`; its other attributes read through the wrapper.
     """
 
     def __init__(self, layer: nn.Module):
         super().__init__()
-        self.random_ltd_layer = layer
+        object.__setattr__(self, "_wrapped_layer", layer)  # not a submodule: its children are the wrapper's
+        self._parameters = layer._parameters
+        self._buffers = layer._buffers
+        self._non_persistent_buffers_set = layer._non_persistent_buffers_set
+        self._modules = layer._modules
+        self.training = layer.training
         self.random_ltd_scheduler: RandomLTDScheduler | None = None
         self.random_ltd_layer_id = -1  # position among the random-LTD layers; -1: not configured
         self.random_ltd_num_layer = 0
@@ -35,7 +46,24 @@ class RandomLayerTokenDrop(nn.Module):
         self.batch_first = True
         self.reserved_length = -1
         self.curr_seq = -1
-        self.register_load_state_dict_pre_hook(_accept_unwrapped_keys)
+        self.register_load_state_dict_pre_hook(_accept_deepspeed_keys)
+
+    @property
+    def random_ltd_layer(self) -> nn.Module:
+        return self.__dict__["_wrapped_layer"]
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if "_wrapped_layer" not in self.__dict__:
+                raise
+            return getattr(self.__dict__["_wrapped_layer"], name)
+
+    def train(self, mode: bool = True) -> RandomLayerTokenDrop:
+        super().train(mode)  # the shared submodules
+        self.random_ltd_layer.training = mode
+        return self
 
     def init_config(self, config: Any, scheduler: RandomLTDScheduler, random_ltd_layer_id: int) -> None:
         """Drop tokens in this layer, the `random_ltd_layer_id`-th random-LTD layer of the model (0: the first,
@@ -99,13 +127,14 @@ class RandomLayerTokenDrop(nn.Module):
         return scheduler.sampled_indices[self.random_ltd_layer_id]
 
     def extra_repr(self) -> str:
+        what = type(self.random_ltd_layer).__name__
         if self.random_ltd_scheduler is None:
-            return "token dropping off"
-        return f"random-LTD layer {self.random_ltd_layer_id} of {self.random_ltd_num_layer}, {self.model_type}"
+            return f"{what}, token dropping off"
+        return f"{what}, random-LTD layer {self.random_ltd_layer_id} of {self.random_ltd_num_layer}, {self.model_type}"
 
 
-def _accept_unwrapped_keys(module: nn.Module, state_dict: dict, prefix: str, *_: Any) -> None:
-    # A state dict of the model before conversion (or after remove_random_ltd_state_dict) loads as well.
+def _accept_deepspeed_keys(module: nn.Module, state_dict: dict, prefix: str, *_: Any) -> None:
+    # A DeepSpeed random-LTD state dict names this layer's entries "<prefix>random_ltd_layer.<name>".
     wrapped = f"{prefix}{WRAPPED}."
-    for key in [k for k in state_dict if k.startswith(prefix) and not k.startswith(wrapped)]:
-        state_dict[wrapped + key[len(prefix):]] = state_dict.pop(key)
+    for key in [k for k in state_dict if k.startswith(wrapped)]:
+        state_dict[prefix + key[len(wrapped):]] = state_dict.pop(key)
