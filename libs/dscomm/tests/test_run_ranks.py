@@ -42,9 +42,29 @@ def test_a_failed_rendezvous_is_retried_with_a_fresh_init_file(tmp_path, monkeyp
 
 def test_a_rendezvous_that_keeps_failing_is_reported(tmp_path, monkeypatch):
     failing_first_joins(monkeypatch, tmp_path, "raises", failures=99)
-    with pytest.raises(RankFailure, match=r"could not form a process group in 3 attempt\(s\)(.|\n)*Connection closed"):
+    with pytest.raises(RankFailure, match=r"could not connect their process groups in 3 attempt\(s\)(.|\n)*Connection closed"):
         run_ranks(world_sum, 2, timeout=60)
     assert len(os.listdir(tmp_path)) == testing.RENDEZVOUS_ATTEMPTS
+
+
+def group_connection_fails_once(rank, world, marker_dir):
+    """Rank 1's first run meets what gloo raises when it cannot connect a new group under load."""
+    if rank == 1 and not os.listdir(marker_dir):
+        open(os.path.join(marker_dir, "attempt0"), "w").close()
+        raise RuntimeError("[ProcessGroupGloo.cpp:67] Gloo connectFullMesh failed with [pair.cc:553] Connection "
+                           "closed by peer [127.0.0.1]:26278")
+    return world_sum(rank, world)
+
+
+def test_a_group_that_could_not_connect_starts_the_run_again(tmp_path):
+    assert run_ranks(group_connection_fails_once, 2, str(tmp_path), timeout=60) == [(3, 60.0), (3, 60.0)]
+    assert os.listdir(tmp_path) == ["attempt0"]
+
+
+def test_runs_with_dying_ranks_are_not_started_again(tmp_path):
+    with pytest.raises(RankFailure, match=r"rank 0 of 2 failed:(.|\n)*a peer exited"):  # rank 1's failure
+        run_ranks(group_connection_fails_once, 2, str(tmp_path), timeout=60, allow_missing=(0,))
+    assert os.listdir(tmp_path) == ["attempt0"]  # reported, not run again
 
 
 def test_a_slow_joiner_gets_the_whole_timeout_not_the_collective_timeout(monkeypatch):

@@ -4,9 +4,12 @@ Ranks are forked from the calling process, which has already imported torch (~0.
 against ~10 s for torchrun here), and rendezvous through a file. A rank that fails reports its
 traceback; a rank that hangs is killed at `timeout` and the run fails naming it.
 
-On a loaded machine gloo's connection set-up now and then fails ("connection closed by peer"). A
-failed rendezvous is not the test's fault, so it is retried with a fresh init file while the
-`timeout` allows; `fn` only starts once every rank has joined, so a retry never repeats any of it.
+On a loaded machine gloo's connection set-up now and then fails ("connectFullMesh failed ...
+connection closed by peer"), when the ranks join or when `fn` creates a group. That is not the
+test's fault, so the run starts again with a fresh init file while `timeout` allows. `fn` starts
+only once every rank has joined, so a failed join repeats none of it; a group `fn` could not
+connect repeats `fn` from its start (test functions build their groups first). Tests of ranks that
+die (`allow_missing`) are not retried.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import Any
 import torch.multiprocessing as mp
 
 RENDEZVOUS_ATTEMPTS = 3
+_GLOO_CONNECT_FAILED = "connectFullMesh failed"  # torch's words when gloo cannot connect a group
 
 
 class RankFailure(AssertionError):
@@ -57,22 +61,26 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: floa
     failures: list[str] = []
     while True:
         try:
-            collected = _attempt(fn, world_size, args, kwargs, deadline, timeout, pg_timeout or timeout, backend,
+            collected = _attempt(fn, world_size, args, kwargs, deadline, pg_timeout or timeout, backend,
                                  allow_missing)
             break
         except _RendezvousFailed as exc:
             failures.append(exc.detail)
             if len(failures) >= RENDEZVOUS_ATTEMPTS or time.monotonic() >= deadline:
-                raise RankFailure(f"the {world_size} ranks could not form a process group in {len(failures)} "
-                                  f"attempt(s) within {timeout} s; the last attempt: {failures[-1]}") from None
+                raise RankFailure(f"the {world_size} ranks could not connect their process groups in "
+                                  f"{len(failures)} attempt(s) within {timeout} s; the last attempt: "
+                                  f"{failures[-1]}") from None
     errors = {r: v for r, (s, v) in collected.items() if s == "error"}
     if errors:
         rank = min(errors)
         raise RankFailure(f"rank {rank} of {world_size} failed:\n{errors[rank]}")
+    hung = [r for r in range(world_size) if r not in collected and r not in allow_missing]
+    if hung:
+        raise RankFailure(f"rank(s) {hung} of {world_size} did not finish within {timeout} s")
     return [pickle.loads(collected[r][1]) if r in collected else None for r in range(world_size)]
 
 
-def _attempt(fn, world_size, args, kwargs, deadline, timeout, pg_timeout, backend, allow_missing):
+def _attempt(fn, world_size, args, kwargs, deadline, pg_timeout, backend, allow_missing):
     """One start of every rank: their (status, value) by rank, or _RendezvousFailed to try again."""
     ctx = mp.get_context("fork")
     # A fresh queue per attempt: a rank killed while writing would leave the old one's lock held.
@@ -93,11 +101,6 @@ def _attempt(fn, world_size, args, kwargs, deadline, timeout, pg_timeout, backen
             _kill(procs)
             raise
         _stop(procs)
-    hung = [r for r in range(world_size) if r not in collected and r not in allow_missing]
-    if hung:
-        waiting = [r for r in hung if not joined[r]]
-        where = f" ({waiting} still joining the process group)" if waiting else ""
-        raise RankFailure(f"rank(s) {hung} of {world_size} did not finish within {timeout} s{where}")
     return collected
 
 
@@ -110,7 +113,7 @@ def _collect(procs, results, joined, world_size, deadline, allow_missing) -> dic
         try:
             rank, status, value = results.get(timeout=min(remaining, 0.2))
             collected[rank] = (status, value)
-            _check_rendezvous(collected)
+            _check_rendezvous(collected, not allow_missing)
             continue
         except queue.Empty:
             pass
@@ -119,7 +122,7 @@ def _collect(procs, results, joined, world_size, deadline, allow_missing) -> dic
             continue
         time.sleep(0.2)  # a result may still be in the pipe
         _drain(results, collected)
-        _check_rendezvous(collected)
+        _check_rendezvous(collected, not allow_missing)
         silent = [r for r in done if r not in collected]
         lost = [r for r in silent if not joined[r]]
         if lost:
@@ -133,14 +136,20 @@ def _collect(procs, results, joined, world_size, deadline, allow_missing) -> dic
         if len(collected) + len(silent) == world_size:
             break  # the rest are ranks allowed to exit without a result
     _drain(results, collected)
-    _check_rendezvous(collected)
+    _check_rendezvous(collected, not allow_missing)
     return collected
 
 
-def _check_rendezvous(collected) -> None:
+def _check_rendezvous(collected, retry_groups: bool) -> None:
     failed = sorted(r for r, (status, _) in collected.items() if status == "rendezvous")
     if failed:
         raise _RendezvousFailed(f"rank {failed[0]} could not join:\n{collected[failed[0]][1]}")
+    if retry_groups:
+        unconnected = sorted(r for r, (status, text) in collected.items()
+                             if status == "error" and _GLOO_CONNECT_FAILED in text)
+        if unconnected:
+            rank = unconnected[0]
+            raise _RendezvousFailed(f"rank {rank} could not connect a group:\n{collected[rank][1]}")
 
 
 def _rank_main(fn, rank, world_size, init_file, backend, deadline, pg_timeout, results, joined, args, kwargs):
