@@ -22,9 +22,13 @@ def test_the_plain_layout_is_data_parallel_over_the_world():
     assert parallel_dims(_cfg(pipeline={"stages": "auto"}), 4).data == 4  # auto: the model would decide
 
 
+def test_a_tensor_parallel_layout_runs_with_data_parallel_beside_it():
+    dims = parallel_dims(_cfg(tensor_parallel={"autotp_size": 2}), 4)
+    assert (dims.pipe, dims.tensor, dims.data) == (1, 2, 2)
+
+
 @pytest.mark.parametrize(("extra", "key", "layout"), [
     ({"pipeline": {"stages": 2}}, "pipeline.stages", "pipe 2 x tensor 1 x data 2"),
-    ({"tensor_parallel": {"autotp_size": 2}}, "tensor_parallel.autotp_size", "pipe 1 x tensor 2 x data 2"),
 ])
 def test_a_layout_the_engine_cannot_run_is_refused_by_key(extra, key, layout):
     with pytest.raises(dstrain.UnsupportedFeatureError) as caught:
