@@ -143,7 +143,7 @@ def load_checkpoint(parts: TrainingParts, module: PipelineModule, load_dir, tag:
         verify_manifest(path)
     except dszero.CheckpointError as exc:
         raise CheckpointLoadError(f"cannot load checkpoint: {exc}") from None
-    common = plain._load_common(path)
+    common = plain._load_common(path / plain.COMMON_FILE)
     saved = common.get(PIPELINE)
     if not isinstance(saved, dict) or not isinstance(saved.get("ranks"), int):
         raise CheckpointLoadError(f"{path}: not a pipeline checkpoint (no '{PIPELINE}' entry in "
