@@ -22,8 +22,7 @@ def test_the_pipeline_tutorial_trains_after_the_import_change(tmp_path):
     source = SCRIPT.read_text()
     assert "\nimport deepspeed\n" in source
     script = tmp_path / "train.py"
-    script.write_text(source.replace("\nimport deepspeed\n", "\nimport dstrain as deepspeed\n")
-                      .replace("from deepspeed.", "from dstrain."))
+    script.write_text(source.replace("\nimport deepspeed\n", "\nimport dstrain as deepspeed\n"))
     config = tmp_path / "ds_config.json"
     config.write_text(json.dumps(CONFIG))
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",

@@ -8,8 +8,6 @@ import os
 
 import deepspeed
 import torch
-from deepspeed.pipe import LayerSpec, PipelineModule
-from deepspeed.utils import RepeatingLoader
 from torch import nn
 
 parser = argparse.ArgumentParser()
@@ -29,9 +27,10 @@ def join_layers(features, classifier):
 
 
 features = [nn.Conv2d(3, 8, kernel_size=3, padding=1), nn.ReLU(inplace=True), nn.MaxPool2d(2)]
-classifier = [LayerSpec(nn.Linear, 8 * 4 * 4, 32), nn.ReLU(inplace=True), LayerSpec(nn.Linear, 32, 10)]
-net = PipelineModule(layers=join_layers(features, classifier), loss_fn=nn.CrossEntropyLoss(), num_stages=2,
-                     partition_method="parameters")
+classifier = [deepspeed.pipe.LayerSpec(nn.Linear, 8 * 4 * 4, 32), nn.ReLU(inplace=True),
+              deepspeed.pipe.LayerSpec(nn.Linear, 32, 10)]
+net = deepspeed.pipe.PipelineModule(layers=join_layers(features, classifier), loss_fn=nn.CrossEntropyLoss(),
+                                    num_stages=2, partition_method="parameters")
 
 gen = torch.Generator().manual_seed(0)
 images = torch.randn(256, 3, 8, 8, generator=gen)
@@ -45,8 +44,8 @@ losses = [engine.train_batch().item() for _ in range(args.steps)]  # the loader 
 
 # The tutorial's other form: an iterator the script gives.
 loader = torch.utils.data.DataLoader(trainset, batch_size=engine.train_micro_batch_size_per_gpu())
-eval_loss = engine.eval_batch(iter(RepeatingLoader(loader))).item()
-losses.append(engine.train_batch(data_iter=iter(RepeatingLoader(loader))).item())
+eval_loss = engine.eval_batch(iter(deepspeed.utils.RepeatingLoader(loader))).item()
+losses.append(engine.train_batch(data_iter=iter(deepspeed.utils.RepeatingLoader(loader))).item())
 
 if engine.global_rank == 0:
     with open(os.path.join(args.out, "result.json"), "w") as handle:
