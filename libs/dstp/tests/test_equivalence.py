@@ -24,11 +24,12 @@ def gathered(tensor: torch.Tensor, pp: dstp.ParamPlan, group, tp: int) -> torch.
     return dstp.merge_shards(shards, pp)
 
 
-def train_and_compare(rank, world, family, overlap=False, vocab=False, batch=4, extra=None):
+def train_and_compare(rank, world, family, overlap=False, vocab=False, batch=4, extra=None, preset="same"):
     groups = dscomm.ParallelDims(world, tensor=world).build()
     model = tiny_models.model(family, **(extra or {}))
     reference = copy.deepcopy(model)
-    state = dstp.parallelize(model, groups.tensor, preset_model=family, tp_overlap_comm=overlap,
+    state = dstp.parallelize(model, groups.tensor, preset_model=family if preset == "same" else preset,
+                             tp_overlap_comm=overlap,
                              vocab_parallel_lm_head=vocab)
     names = dict(model.named_parameters())
     ref_names = dict(reference.named_parameters())
@@ -81,3 +82,9 @@ def test_overlap_on_equals_off_and_vocab_parallel_loss_equals_the_gathered_loss(
     vocab-parallel head (logits never gathered) train exactly as the whole model, together."""
     for worst, _, _ in run_ranks(train_and_compare, 2, "llama", overlap=True, vocab=True, timeout=240):
         assert max(worst.values()) < 1e-10, worst
+
+
+def test_phi3_by_its_own_base_model_tp_plan_gathers_and_splits_and_equals_one_process():
+    """Without a preset Phi-3's own plan applies: qkv colwise_gather_output, o_proj rowwise_split_input."""
+    for worst, sharded, _ in run_ranks(train_and_compare, 2, "phi3", preset=None, timeout=240):
+        assert max(worst.values()) < 1e-10 and sharded == 8, worst
