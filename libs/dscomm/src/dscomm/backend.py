@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import importlib
+import importlib.util
 import logging
 import os
 import traceback
@@ -25,8 +27,63 @@ _timeout: datetime.timedelta = DEFAULT_TIMEOUT
 _shut_down_by: str | None = None  # the failure that made dscomm shut the process groups down
 
 
+# The backends torch itself ships, each with how to ask whether this build has it.
+_BUILT_IN = {"gloo": dist.is_gloo_available, "nccl": dist.is_nccl_available, "mpi": dist.is_mpi_available,
+             "ucc": dist.is_ucc_available, "xccl": getattr(dist, "is_xccl_available", lambda: False)}
+# DeepSpeed's names for backends a package registers with torch when imported (as DeepSpeed imports them).
+_PLUGIN_PACKAGES = {"ccl": ("oneccl_bindings_for_pytorch", "Intel oneCCL"), "hccl": ("torch_npu", "Ascend HCCL")}
+
+
 def default_backend() -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def available_backends() -> list[str]:
+    """The backends init_distributed can start in this process: torch's built into this build, then any
+    a package registered (torch lists those in Backend.backend_list)."""
+    built = [name for name, available in _BUILT_IN.items() if available()]
+    registered = [name for name in dist.Backend.backend_list
+                  if name not in _BUILT_IN and name not in ("undefined", "fake")]
+    return built + registered
+
+
+def _checked_backend(dist_backend: str) -> str:
+    """`dist_backend`, or a CommError saying why this build cannot start it and what can. Each part of
+    torch's 'cpu:gloo,cuda:nccl' form is checked; a package registering a DeepSpeed-named backend is imported."""
+    if not isinstance(dist_backend, str) or not dist_backend.strip(" ,:"):
+        raise CommError(f"init_distributed: dist_backend={dist_backend!r} is not a backend name; "
+                        f"available here: {', '.join(available_backends())}")
+    for part in dist_backend.split(","):
+        name = part.rpartition(":")[2].strip().lower()
+        if name in _BUILT_IN:
+            if not _BUILT_IN[name]():
+                raise CommError(_unavailable_message(dist_backend, name))
+            continue
+        if name not in dist.Backend.backend_list and name in _PLUGIN_PACKAGES:
+            package, title = _PLUGIN_PACKAGES[name]
+            if importlib.util.find_spec(package) is None:
+                raise CommError(f"init_distributed: dist_backend={dist_backend!r}: {name!r} ({title}) is "
+                                f"registered by the {package} package, which is not installed; install it, or "
+                                f"use one of the backends available here: {', '.join(available_backends())}")
+            importlib.import_module(package)  # registers the backend with torch
+        if name not in dist.Backend.backend_list or name == "undefined":
+            plugins = ", ".join(f"{n} (with {package})" for n, (package, _) in _PLUGIN_PACKAGES.items())
+            raise CommError(f"init_distributed: unknown dist_backend {dist_backend!r}; valid names are "
+                            f"{', '.join(_BUILT_IN)} (torch's, where the build has them), {plugins}; "
+                            f"available here: {', '.join(available_backends())}")
+    return dist_backend
+
+
+def _unavailable_message(dist_backend: str, name: str) -> str:
+    if name == "nccl":
+        cpu_only = torch.version.cuda is None and torch.version.hip is None
+        build = f"torch {torch.__version__} " + ("is a CPU-only build" if cpu_only else "was built without it")
+        return (f"init_distributed: dist_backend={dist_backend!r}: NCCL is not available in this torch build "
+                f"({build}); use dist_backend='gloo' to train on CPUs, or install a CUDA build of torch "
+                f"(pytorch.org lists them) to train on GPUs. Available here: {', '.join(available_backends())}")
+    return (f"init_distributed: dist_backend={dist_backend!r}: {name} is not available in this torch build "
+            f"(torch {torch.__version__} was built without it); "
+            f"use one of the backends available here: {', '.join(available_backends())}")
 
 
 def init_distributed(dist_backend: str | None = None, timeout: datetime.timedelta | None = None,
@@ -52,7 +109,7 @@ def init_distributed(dist_backend: str | None = None, timeout: datetime.timedelt
     if timeout is not None and not isinstance(timeout, datetime.timedelta):
         raise CommError(f"timeout must be a datetime.timedelta, not {type(timeout).__name__} ({timeout!r})")
     _timeout = timeout or DEFAULT_TIMEOUT
-    backend = dist_backend or default_backend()
+    backend = _checked_backend(dist_backend) if dist_backend else default_backend()  # '' as before: the default
     rank, world_size = _ranks(rank, world_size, init_method)
 
     store = None
