@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from .._buffers import populated_empty
+from .._buffers import fresh_empty
 from .._files import OpenFile, open_file
 from .._transfer import move
 from ..engines import get_engine
@@ -39,7 +39,7 @@ def read_file(path: str | os.PathLike, verify: bool = True, engine: str | None =
         # Place the buffer so its address lines up with the file offset: then even a file whose
         # data does not start on an alignment boundary (another writer's) is read directly.
         a = max(f.align.memory, f.align.offset, 64)
-        raw = populated_empty(data_size + a, a)
+        raw = fresh_empty(data_size + a, a)
         skip = start % a
         data = raw[skip : skip + data_size]
         crcs = header.crcs
