@@ -37,12 +37,10 @@ class Work:
     stage: int
     micro_batch: int
     inputs: Any = None
-    pending_input: Any = None
     pieces: list[Piece] = field(default_factory=list)
     output: Any = None  # what F gives the next stage (the loss on the last stage)
     loss: torch.Tensor | None = None
     output_grads: list[torch.Tensor] | None = None  # gradient of the float outputs, from the next stage
-    pending_grads: Any = None
     input_grads: list[torch.Tensor] | None = None  # gradient of the float inputs, for the previous stage
     input_done: bool = False
     weights_done: bool = False

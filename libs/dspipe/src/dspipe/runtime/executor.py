@@ -142,23 +142,17 @@ class BatchRun:
         if work.stage == 0:
             self._load(Action(Kind.LOAD, 0, work.micro_batch))
             return work.inputs
-        if work.pending_input is None:
-            source = self.placement.rank_of[work.stage - 1]
-            if source == self.rank:
-                previous = self.works.get((work.stage - 1, work.micro_batch))
-                if previous is None or previous.output is None:
-                    raise PipelineError(f"rank {self.module.global_rank}: {action} needs stage {work.stage - 1}'s "
-                                        f"output for micro-batch {work.micro_batch}, which has not run")
-                work.inputs = fresh_leaves(previous.output) if self.training else previous.output
-                if not self.training:
-                    previous.output = None
-                    self._release(previous)
-                return work.inputs
-            self._recv_input(Action(Kind.RECV_F, work.stage, work.micro_batch))
-        tensors = self.messenger.wait(work.pending_input)
-        value = unflatten(tensors, work.pending_input.is_tuple)
-        work.pending_input = None
-        work.inputs = fresh_leaves(value) if self.training else value
+        if self.placement.rank_of[work.stage - 1] == self.rank:
+            previous = self.works.get((work.stage - 1, work.micro_batch))
+            if previous is None or previous.output is None:
+                raise PipelineError(f"rank {self.module.global_rank}: {action} needs stage {work.stage - 1}'s "
+                                    f"output for micro-batch {work.micro_batch}, which has not run")
+            work.inputs = fresh_leaves(previous.output) if self.training else previous.output
+            if not self.training:
+                previous.output = None
+                self._release(previous)
+            return work.inputs
+        self._recv_input(Action(Kind.RECV_F, work.stage, work.micro_batch))
         return work.inputs
 
     def _forward(self, action: Action) -> None:
@@ -203,29 +197,29 @@ class BatchRun:
             self._release(work)
 
     def _recv_input(self, action: Action) -> None:
+        """Post the receive and wait for it right here (lower's model: receives block where they stand), so
+        the forward that follows measures compute only."""
         source = self.placement.rank_of[action.stage - 1]
         if source == self.rank:
             return
         work = self.work(action.stage, action.micro_batch)
-        work.pending_input = self.messenger.recv_activations(action.stage - 1, action.micro_batch, source, action)
+        pending = self.messenger.recv_activations(action.stage - 1, action.micro_batch, source, action)
+        value = unflatten(self.messenger.wait(pending), pending.is_tuple)
+        work.inputs = fresh_leaves(value) if self.training else value
 
     # ---------------------------------------------------------------------------------------- backward
     def _output_grads(self, work: Work, action: Action) -> None:
         if work.stage == self.last_stage or work.output_grads is not None:
             return
-        if work.pending_grads is None:
-            source = self.placement.rank_of[work.stage + 1]
-            if source == self.rank:
-                following = self.works.get((work.stage + 1, work.micro_batch))
-                if following is None or following.input_grads is None:
-                    raise PipelineError(f"rank {self.module.global_rank}: {action} needs the input gradient of stage "
-                                        f"{work.stage + 1} for micro-batch {work.micro_batch}, not computed yet")
-                work.output_grads, following.input_grads = following.input_grads, None
-                self._release(following)
-                return
-            self._recv_output_grads(Action(Kind.RECV_B, work.stage, work.micro_batch))
-        work.output_grads = self.messenger.wait(work.pending_grads)
-        work.pending_grads = None
+        if self.placement.rank_of[work.stage + 1] == self.rank:
+            following = self.works.get((work.stage + 1, work.micro_batch))
+            if following is None or following.input_grads is None:
+                raise PipelineError(f"rank {self.module.global_rank}: {action} needs the input gradient of stage "
+                                    f"{work.stage + 1} for micro-batch {work.micro_batch}, not computed yet")
+            work.output_grads, following.input_grads = following.input_grads, None
+            self._release(following)
+            return
+        self._recv_output_grads(Action(Kind.RECV_B, work.stage, work.micro_batch))
 
     def _backward(self, action: Action) -> None:
         work = self.work(action.stage, action.micro_batch)
@@ -271,12 +265,14 @@ class BatchRun:
         self._release(work)
 
     def _recv_output_grads(self, action: Action) -> None:
+        """Post the receive and wait for it right here, as _recv_input does."""
         source = self.placement.rank_of[action.stage + 1]
         if source == self.rank:
             return
         work = self.work(action.stage, action.micro_batch)
         specs = [(tuple(t.shape), t.dtype) for t in floats(work.output)]
-        work.pending_grads = self.messenger.recv_grads(specs, action.stage + 1, action.micro_batch, source, action)
+        pending = self.messenger.recv_grads(specs, action.stage + 1, action.micro_batch, source, action)
+        work.output_grads = self.messenger.wait(pending)
 
     def _release(self, work: Work) -> None:
         """Forget a (stage, micro-batch) once nothing more will read it."""
@@ -284,7 +280,7 @@ class BatchRun:
         if key not in self.works:
             return
         if self.training:
-            if work.weights_done and work.input_grads is None and work.pending_grads is None:
+            if work.weights_done and work.input_grads is None:
                 del self.works[key]
         elif work.output is None:
             del self.works[key]
