@@ -58,15 +58,16 @@ class Launches:
         self.env.pop("CUDA_VISIBLE_DEVICES", None)
         self.started: list[subprocess.Popen] = []
 
-    def start(self, *args: str, extra_env: dict[str, str] | None = None) -> subprocess.Popen:
-        cmd = [sys.executable, "-m", "dstrain.launcher", "--master_port", str(free_port()), *args]
+    def start(self, *args: str, extra_env: dict[str, str] | None = None, port: bool = True) -> subprocess.Popen:
+        """`port=False`: no --master_port, so a job on one machine finds a free one itself."""
+        cmd = [sys.executable, "-m", "dstrain.launcher", *(["--master_port", str(free_port())] if port else []), *args]
         proc = subprocess.Popen(cmd, cwd=self.folder, env={**self.env, **(extra_env or {})}, text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         self.started.append(proc)
         return proc
 
-    def run(self, *args: str, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-        proc = self.start(*args, extra_env=extra_env)
+    def run(self, *args: str, extra_env: dict[str, str] | None = None, port: bool = True) -> subprocess.CompletedProcess:
+        proc = self.start(*args, extra_env=extra_env, port=port)
         out, err = proc.communicate(timeout=TIMEOUT)
         return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
@@ -299,3 +300,91 @@ def test_remote_node_gets_values_script_and_arguments_verbatim(job, tmp_path, fa
     assert seen["argv"] == ["--local_rank=0", *args]
     assert {k: seen["environ"].get(k) for k in values} == values
     assert not list(marks.iterdir())
+
+
+def test_two_jobs_at_once_on_one_machine(job, tmp_path):
+    """Without --master_port each single-machine job finds a free port (it was 29500 for all, so the
+    second job died with EADDRINUSE). Every rank waits for all four, so the jobs surely overlap."""
+    jobs = {name: job.start("--num_procs", "2", str(SCRIPTS / "meet.py"), name, "4", str(tmp_path), port=False)
+            for name in ("first", "second")}
+    for name, proc in jobs.items():
+        _, err = proc.communicate(timeout=TIMEOUT)
+        assert proc.returncode == 0, f"{name}: {err[-3000:]}"
+    seen = {p.stem: json.loads(p.read_text()) for p in tmp_path.glob("*.rank*.json")}
+    assert sorted(seen) == ["first.rank0", "first.rank1", "second.rank0", "second.rank1"]
+    assert all((r["sum"], r["world"]) == (3.0, 2) for r in seen.values())
+    assert seen["first.rank0"]["port"] != seen["second.rank0"]["port"]
+
+
+# Core binding: each rank runs on its own share of the cores, with as many OpenMP threads.
+
+CORES = sorted(os.sched_getaffinity(0))
+
+
+def _expected_shares(cores: list[int], nprocs: int) -> list[list[int]]:
+    per_rank = len(cores) // nprocs
+    return [cores[r * per_rank : (r + 1) * per_rank] for r in range(nprocs)]
+
+
+@pytest.mark.skipif(len(CORES) < 2, reason="needs 2 cores to give 2 ranks one each")
+def test_bind_cores_to_rank_gives_each_rank_its_share(job, tmp_path):
+    done = job.run("--num_procs", "2", "--bind_cores_to_rank", str(SCRIPTS / "report_affinity.py"), str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    seen = ranks(tmp_path)
+    shares = _expected_shares(CORES, 2)
+    for rank in (0, 1):
+        assert seen[rank]["cores"] == shares[rank]
+        assert seen[rank]["omp"] == str(len(shares[rank]))
+        assert seen[rank]["argv"] == [f"--local_rank={rank}", str(tmp_path)]
+    assert not set(shares[0]) & set(shares[1])
+
+
+@pytest.mark.skipif(0 not in CORES, reason="core 0 is not available here")
+def test_bind_core_list_pins_the_rank_to_the_listed_core(job, tmp_path):
+    done = job.run("--num_procs", "1", "--bind_core_list", "0", str(SCRIPTS / "report_affinity.py"), str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert ranks(tmp_path)[0] == {"argv": ["--local_rank=0", str(tmp_path)], "cores": [0], "omp": "1"}
+
+
+@pytest.fixture
+def fake_numactl(tmp_path):
+    """A `numactl` first on PATH that pins itself as numactl would; its log holds each call's arguments."""
+    folder = tmp_path / "numactl_bin"
+    folder.mkdir()
+    (folder / "numactl").write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} "
+                                    f"{shlex.quote(str(SCRIPTS / 'fake_numactl.py'))} \"$@\"\n")
+    (folder / "numactl").chmod(0o755)
+    log = tmp_path / "numactl.log"
+    return {"PATH": f"{folder}:{os.environ['PATH']}", "FAKE_NUMACTL_LOG": str(log)}, log
+
+
+@pytest.mark.skipif(len(CORES) < 2, reason="needs 2 cores to give 2 ranks one each")
+def test_bind_cores_goes_through_numactl_where_installed(job, tmp_path, fake_numactl):
+    """numactl runs the rank wrapper again, pinned: the wrapper's flags and the script's arguments survive."""
+    env, log = fake_numactl
+    out = tmp_path / "out"
+    out.mkdir()
+    done = job.run("--num_procs", "2", "--bind_cores_to_rank", "--no_local_rank", str(SCRIPTS / "report_affinity.py"),
+                   "--x", "1", str(out), extra_env=env)
+    assert done.returncode == 0, done.stderr
+    shares = _expected_shares(CORES, 2)
+    calls = sorted(json.loads(line)[0] for line in log.read_text().splitlines())
+    assert calls == sorted(f"--physcpubind={share[0]}" + (f"-{share[-1]}" if len(share) > 1 else "") for share in shares)
+    for rank, seen in ranks(out).items():
+        assert seen == {"argv": ["--x", "1", str(out)], "cores": shares[rank], "omp": str(len(shares[rank]))}
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--bind_core_list", "0-"], "--bind_core_list '0-': '0-' is not a core number or range; expected comma-separated"),
+    (["--bind_core_list", "3-1"], "range '3-1' ends before it starts"),
+    (["--bind_core_list", "0,0"], "core 0 is listed twice"),
+    (["--bind_core_list", "4096"], "--bind_core_list '4096': core(s) 4096 are not available on this machine"),
+    (["--bind_cores_to_rank", "--num_procs", str(len(CORES) + 1)],
+     f"for {len(CORES) + 1} rank(s) there; each rank needs at least one core"),
+])
+def test_bad_core_binding_is_refused_before_anything_runs(tmp_path, capsys, monkeypatch, flags, message):
+    monkeypatch.chdir(tmp_path)
+    code = main([*flags, str(SCRIPTS / "report_affinity.py"), str(tmp_path)])
+    assert code == 2
+    assert message in capsys.readouterr().err
+    assert not list(tmp_path.glob("rank*.json"))

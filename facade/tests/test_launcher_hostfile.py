@@ -93,10 +93,39 @@ def _plan(*argv: str, environ: dict[str, str] | None = None):
 def test_single_machine_defaults_without_gpus():
     job, nodes = _plan("--num_procs", "3", environ={"CUDA_VISIBLE_DEVICES": ""})
     assert [(n.host, n.slots, n.local) for n in nodes] == [("localhost", (0, 1, 2), True)]
-    assert job.master_addr == "127.0.0.1" and job.master_port == 29500
+    assert job.master_addr == "127.0.0.1" and job.master_port is None  # a free port, below
     assert not job.set_visible_devices  # the user's own CUDA_VISIBLE_DEVICES is kept
     assert local_gpu_count({"CUDA_VISIBLE_DEVICES": "2,3"}) == 2
     assert local_gpu_count({"CUDA_VISIBLE_DEVICES": ""}) == 0
+
+
+def test_one_machine_rendezvous_on_a_free_port_unless_a_port_is_given(tmp_path, monkeypatch):
+    job, nodes = _plan("--num_procs", "2")
+    argv = node_argv(job, nodes[0])
+    assert "--standalone" in argv and "--local_addr=127.0.0.1" in argv  # torchrun's store on a free port
+    assert not [a for a in argv if a.startswith("--master_port")]
+    job, nodes = _plan("--num_procs", "2", "--master_port", "29611")
+    argv = node_argv(job, nodes[0])
+    assert "--master_port=29611" in argv and "--standalone" not in argv
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "hosts").write_text("localhost slots=1\n127.0.0.1 slots=1\n")
+    job, nodes = _plan("--hostfile", "hosts")  # every machine must know the port in advance: DeepSpeed's default
+    assert job.master_port == 29500 and all("--master_port=29500" in node_argv(job, n) for n in nodes)
+
+
+def test_core_binding_reaches_each_rank_wrapper(tmp_path, monkeypatch):
+    job, nodes = _plan("--num_procs", "1")
+    assert "--bind_cores" not in node_argv(job, nodes[0])
+    job, nodes = _plan("--num_procs", "1", "--bind_cores_to_rank")
+    assert node_argv(job, nodes[0])[-5:] == ["--bind_cores", "all", "train.py", "--lr", "1"]
+    job, nodes = _plan("--num_procs", "1", "--bind_core_list", " 0 ")  # implies --bind_cores_to_rank
+    assert node_argv(job, nodes[0])[-5:] == ["--bind_cores", "0", "train.py", "--lr", "1"]  # checked, normalised
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "hosts").write_text("worker-0 slots=4\n")  # remote: only the list's length is known here
+    with pytest.raises(LaunchError, match=r"--bind_core_list '0-2' has 3 core\(s\) for the 4 processes of worker-0"):
+        _plan("--hostfile", "hosts", "--bind_core_list", "0-2")
+    job, nodes = _plan("--hostfile", "hosts", "--bind_core_list", "8-11,20-23")
+    assert "--bind_cores 8,9,10,11,20,21,22,23 train.py" in node_argv(job, nodes[0])[-1]
 
 
 def test_remote_nodes_run_torchrun_over_ssh(tmp_path, monkeypatch):

@@ -1,6 +1,6 @@
 """Runs one rank's training script the way DeepSpeed's launcher does, inside torchrun.
 
-    python _rank.py [--no_local_rank] [--module] SCRIPT_OR_MODULE [ARGS...]
+    python _rank.py [--no_local_rank] [--module] [--bind_cores all|LIST] SCRIPT_OR_MODULE [ARGS...]
 
 torchrun sets LOCAL_RANK, RANK and WORLD_SIZE; DeepSpeed scripts also expect `--local_rank=N` as
 their first argument, which torchrun does not pass, so this wrapper inserts it (unless
@@ -8,21 +8,59 @@ their first argument, which torchrun does not pass, so this wrapper inserts it (
 run by path and imports nothing from dstrain but the small `dstrain.as_deepspeed` hook (where no real
 DeepSpeed is installed and DSTRAIN_DEEPSPEED_ALIAS is not "0"), so an unchanged DeepSpeed script's
 `import deepspeed` runs on dstrain.
+
+`--bind_cores` (the launcher's --bind_cores_to_rank / --bind_core_list) pins this rank to its share
+of the node's cores, before torch starts any thread, and sets OMP_NUM_THREADS to the share's size:
+through numactl where installed (which also binds memory to the share's NUMA node), else with
+sched_setaffinity.
 """
 
 import importlib.util
 import os
 import runpy
+import shutil
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _cores  # a sibling file: this script runs by path
+
+del sys.path[0]  # the script's own imports must not see the launcher's folder
+
 ALIAS_ENV = "DSTRAIN_DEEPSPEED_ALIAS"  # "0" (the launcher's --no_deepspeed_alias): leave `import deepspeed` alone
+
+
+def bind_to_share(spec: str, argv_after: list[str]) -> None:
+    """Pin this rank to its share of the node's cores (`spec`: 'all' or a core list); returns only
+    when pinned here (with numactl this process is replaced by `numactl ... python _rank.py argv_after`)."""
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    nprocs = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    try:
+        cores = _cores.node_cores(None if spec == "all" else spec, nprocs, where=f"node {os.uname().nodename}")
+    except ValueError as exc:
+        print(f"dstrain rank {os.environ.get('RANK', local_rank)}: error: {exc}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    mine = _cores.share(cores, local_rank, nprocs)
+    os.environ["OMP_NUM_THREADS"] = str(len(mine))  # one OpenMP thread per core of the share
+    numactl = shutil.which("numactl")
+    if numactl is not None:
+        node = _cores.numa_node_of(mine)
+        memory = [f"--membind={node}"] if node is not None else []
+        # The same interpreter options (torchrun's -u) before this file, as it was started.
+        options = sys.orig_argv[1 : sys.orig_argv.index(sys.argv[0])] if sys.argv[0] in sys.orig_argv else []
+        python = [sys.executable, *options, os.path.abspath(__file__)]
+        os.execv(numactl, [numactl, f"--physcpubind={_cores.format_core_list(mine)}", *memory, "--",
+                           *python, *argv_after])
+    os.sched_setaffinity(0, mine)
 
 
 def main() -> None:
     args = sys.argv[1:]
     local_rank, module = True, False
-    while args and args[0] in ("--no_local_rank", "--module"):
+    while args and args[0] in ("--no_local_rank", "--module", "--bind_cores"):
         flag = args.pop(0)
+        if flag == "--bind_cores":
+            bind_to_share(args.pop(0), [*(["--no_local_rank"] if not local_rank else []),
+                                        *(["--module"] if module else []), *args])
         local_rank = local_rank and flag != "--no_local_rank"
         module = module or flag == "--module"
     target, rest = args[0], args[1:]

@@ -13,6 +13,7 @@ import os
 import re
 import sys
 
+from . import _cores
 from .commands import Job, Node, exported_environment, is_local_host, node_argv_display
 from .errors import LaunchError
 from .hostfile import check_host, parse_hostfile, select_resources
@@ -39,8 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="all but these hosts/slots, e.g. 'worker-1:0' or 'worker-1'")
     p.add_argument("--master_addr", default=None, metavar="ADDR",
                    help="address of the rank-0 machine (default: the first host, 127.0.0.1 on one machine)")
-    p.add_argument("--master_port", type=int, default=DEFAULT_PORT, metavar="PORT",
-                   help=f"TCP port of the rendezvous on the master (default {DEFAULT_PORT})")
+    p.add_argument("--master_port", type=int, default=None, metavar="PORT",
+                   help=f"TCP port of the rendezvous on the master (default: a free port on one machine, through "
+                        f"torchrun's standalone rendezvous; {DEFAULT_PORT} across machines)")
     p.add_argument("--launcher", choices=("auto", "ssh", "pdsh", "local"), default="auto",
                    help="how remote nodes are started: ssh, pdsh, or auto (pdsh where installed, else ssh); "
                         "'local' runs every node's torchrun on this machine, e.g. to try a hostfile over loopback. "
@@ -55,6 +57,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no_deepspeed_alias", action="store_true",
                    help="do not resolve the script's `import deepspeed` to dstrain (by default it is, where no "
                         "real DeepSpeed is installed)")
+    p.add_argument("--bind_cores_to_rank", action="store_true",
+                   help="pin each process to its own equal share of the machine's cores (numactl where installed, "
+                        "else the process's CPU affinity) and set OMP_NUM_THREADS to the share's size")
+    p.add_argument("--bind_core_list", default=None, metavar="LIST",
+                   help="the cores to share out instead of every core, e.g. '0,2-5,7' (implies --bind_cores_to_rank)")
     p.add_argument("--stop_grace", type=float, default=10.0, metavar="SECONDS",
                    help="when stopping a job, seconds between SIGTERM and SIGKILL (default 10)")
     p.add_argument("--dry_run", action="store_true", help="print each node's command and exit")
@@ -100,13 +107,16 @@ def plan(args: argparse.Namespace, environ: dict[str, str] | None = None) -> tup
             master = "127.0.0.1"
         else:
             master = first if not is_local_host(first) else _this_host_name()
+    port = args.master_port
+    if port is None and len(nodes) > 1:
+        port = DEFAULT_PORT  # every machine must know it in advance; one machine picks a free one (standalone)
     job = Job(script=args.script, script_args=tuple(args.script_args), nodes=nodes, master_addr=master,
-              master_port=args.master_port, python=sys.executable, cwd=os.getcwd(),
+              master_port=port, python=sys.executable, cwd=os.getcwd(),
               local_rank_arg=not args.no_local_rank, module=args.module,
               set_visible_devices=visible_devices,
               extra_env={**exported_environment(environ), **({"DSTRAIN_DEEPSPEED_ALIAS": "0"}
                                                               if args.no_deepspeed_alias else {})},
-              grace=args.stop_grace)
+              grace=args.stop_grace, bind_cores=core_binding(args, nodes))
     if args.no_ssh:
         if args.node_rank is None or not 0 <= args.node_rank < len(nodes):
             raise LaunchError(f"--no_ssh needs --node_rank between 0 and {len(nodes) - 1} (this machine's place "
@@ -118,6 +128,26 @@ def plan(args: argparse.Namespace, environ: dict[str, str] | None = None) -> tup
     if args.node_rank is not None:
         raise LaunchError("--node_rank is only for --no_ssh, where each machine starts its own node")
     return job, list(nodes)
+
+
+def core_binding(args: argparse.Namespace, nodes: tuple[Node, ...]) -> str | None:
+    """What the ranks bind to ('all', a checked core list, or None for no binding). On nodes that run
+    here the cores are checked now; on the others each rank checks them before the script starts."""
+    if not args.bind_cores_to_rank and args.bind_core_list is None:
+        return None
+    try:
+        if args.bind_core_list is not None:
+            cores = _cores.parse_core_list(args.bind_core_list)
+            for node in nodes:
+                if not node.local and len(cores) < len(node.slots):
+                    raise ValueError(f"--bind_core_list {args.bind_core_list!r} has {len(cores)} core(s) for the "
+                                     f"{len(node.slots)} processes of {node.host}; each needs at least one core")
+        for node in nodes:
+            if node.local:
+                _cores.node_cores(args.bind_core_list, len(node.slots), "this machine")
+    except ValueError as exc:
+        raise LaunchError(str(exc)) from None
+    return "all" if args.bind_core_list is None else ",".join(map(str, cores))
 
 
 def _this_host_name() -> str:

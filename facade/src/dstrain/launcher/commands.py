@@ -41,7 +41,7 @@ class Job:
     script_args: tuple[str, ...]
     nodes: tuple[Node, ...]
     master_addr: str
-    master_port: int
+    master_port: int | None  # None: one node on a free port (torchrun's standalone rendezvous)
     python: str
     cwd: str
     local_rank_arg: bool = True  # append --local_rank=N as DeepSpeed does
@@ -49,6 +49,7 @@ class Job:
     set_visible_devices: bool = True  # CUDA_VISIBLE_DEVICES = the node's slots
     extra_env: dict[str, str] = field(default_factory=dict)
     grace: float = 10.0  # seconds between SIGTERM and SIGKILL when stopping
+    bind_cores: str | None = None  # pin each rank to its share of these cores ('all' or a core list)
 
 
 def is_local_host(host: str) -> bool:
@@ -56,11 +57,16 @@ def is_local_host(host: str) -> bool:
 
 
 def torchrun_argv(job: Job, node: Node) -> list[str]:
-    wrapper_flags = (["--no_local_rank"] if not job.local_rank_arg else []) + (["--module"] if job.module else [])
+    wrapper_flags = ((["--no_local_rank"] if not job.local_rank_arg else []) + (["--module"] if job.module else [])
+                     + (["--bind_cores", job.bind_cores] if job.bind_cores is not None else []))
+    if job.master_port is None:
+        # The rendezvous store listens on a port the system picks, so jobs on one machine never collide.
+        rendezvous = ["--standalone", f"--local_addr={job.master_addr}"]
+    else:
+        rendezvous = [f"--master_addr={job.master_addr}", f"--master_port={job.master_port}"]
     return [job.python, "-u", "-m", "torch.distributed.run",
             f"--nnodes={len(job.nodes)}", f"--node_rank={node.rank}", f"--nproc_per_node={len(node.slots)}",
-            f"--master_addr={job.master_addr}", f"--master_port={job.master_port}",
-            "--max_restarts=0",  # a failed rank fails the job, as with DeepSpeed's launcher
+            *rendezvous, "--max_restarts=0",  # a failed rank fails the job, as with DeepSpeed's launcher
             RANK_ENTRY, *wrapper_flags, job.script, *job.script_args]
 
 
