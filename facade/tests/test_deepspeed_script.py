@@ -23,8 +23,9 @@ def test_deepspeed_script_runs_after_the_import_change(tmp_path):
     script.write_text(source.replace("\nimport deepspeed\n", "\nimport dstrain as deepspeed\n"))
     config = tmp_path / "ds_config.json"
     config.write_text(json.dumps(CONFIG))
+    # --standalone: the rendezvous on a free port, so copies of the suite can run at once.
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                          "--master_port", "29533", str(script), "--deepspeed", "--deepspeed_config", str(config),
+                          "--standalone", str(script), "--deepspeed", "--deepspeed_config", str(config),
                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=240)
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads((tmp_path / "result.json").read_text())

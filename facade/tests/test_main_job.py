@@ -8,7 +8,7 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
 def launch(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "dstrain.launcher", "--num_procs", "2", "--master_port", "29541",
+    command = [sys.executable, "-m", "dstrain.launcher", "--num_procs", "2",  # a free port of its own
                str(EXAMPLES / "train_gpt.py"), "--deepspeed_config", str(EXAMPLES / "configs" / "zero2.json"),
                "--corpus-mb", "0.3", "--seq", "64", "--save-every", "3", *args]
     return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=300)
