@@ -36,7 +36,7 @@ class RankFailure(AssertionError):
 
 
 class _RendezvousFailed(Exception):
-    """One attempt could not form the process group; `detail` says which rank and why."""
+    """One attempt could not connect its process groups; `detail` says which rank and why."""
 
     def __init__(self, detail: str):
         super().__init__(detail)
