@@ -39,7 +39,9 @@ def apply_tensor_parallel(composed: Any, config: DeepSpeedConfig, groups: Any) -
             return dataclasses.replace(composed, model_parameters=parameters)
         return composed
     section = config.tensor_parallel
-    if section.tp_overlap_comm and getattr(model, "is_gradient_checkpointing", False):
+    checkpointed = getattr(model, "is_activation_checkpointing" if hasattr(model, "is_activation_checkpointing")
+                           else "is_gradient_checkpointing", False)
+    if section.tp_overlap_comm and checkpointed:
         raise UnsupportedFeatureError([Problem("tensor_parallel.tp_overlap_comm",
                                                "runs two half-batches as coroutines, which activation checkpointing "
                                                "(gradient_checkpointing_enable) would mix up; turn one of them off",
