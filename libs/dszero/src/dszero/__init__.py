@@ -25,6 +25,7 @@ from .layout import GroupLayout, Slot
 from .optimizer import ZeroOptimizer
 from .precision import DynamicLossScaler, LossScaler, Precision
 from .stage3 import GatheredParameters
+from .whole_tensors import TensorShards, WholeTensor
 
 __all__ = [
     "CheckpointError",
@@ -35,6 +36,8 @@ __all__ = [
     "LossScaler",
     "Precision",
     "Slot",
+    "TensorShards",
+    "WholeTensor",
     "ZeroConfigError",
     "ZeroError",
     "ZeroOptimizer",

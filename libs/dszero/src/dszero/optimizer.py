@@ -5,7 +5,8 @@
 
 The optimizer keeps its class and hyper-parameters; its parameter groups are rebound to this
 rank's flat master shards, so any optimizer whose update is elementwise (Adam, AdamW, SGD, ...)
-works unchanged.
+works unchanged. One that needs whole tensors (Lamb, Muon) defines step_on_shards and is stepped
+through it (whole_tensors.py).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from .reducers import BucketReducer, FlatReducer
 from .reuse import ReusePolicy
 from .stage3 import Stage3
 from .steps import InMemoryStep
+from .whole_tensors import TensorShards, steps_on_shards
 from .wire import gather_shards
 
 
@@ -142,6 +144,8 @@ class ZeroOptimizer:
             self.groups = self._flatten(module, optimizer)
             self._broadcast_initial_weights()
             self.reducer = self._make_reducer(gradient_average)
+        # Optimizers that need whole tensors step on the shards through this (whole_tensors.py).
+        self.tensor_shards = TensorShards(self.groups) if steps_on_shards(optimizer) else None
         self.stepper = self._make_stepper()
         fragments.register(self)  # safe_get_full_fp32_param & co. find their optimizer from the parameter
 
@@ -243,10 +247,12 @@ class ZeroOptimizer:
 
     def _make_stepper(self) -> InMemoryStep | SwappedStep:
         if self.config.optimizer_offload_device != "nvme":
-            return InMemoryStep(self.optimizer, self.groups, self.offload)
+            return InMemoryStep(self.optimizer, self.groups, self.offload, self.tensor_shards)
         size = self.config.sub_group_size
+        # DeepSpeed's key for Muon: its momentum stays in memory instead of going through the swap file.
+        keep = ("momentum_buffer",) if self.config.save_muon_momentum_buffer_in_memory else ()
         return SwappedStep(self.optimizer, self.groups, self.config.offload_optimizer,
-                           size, dist.get_rank(), self.aio)
+                           size, dist.get_rank(), self.aio, shards=self.tensor_shards, keep_in_memory=keep)
 
     def _make_reducer(self, average: bool):
         if self.stage <= 1:
@@ -314,12 +320,13 @@ class ZeroOptimizer:
         self.reducer.finish_backward()
 
     def tensor_views(self, group_index: int) -> list[tuple[str, torch.Tensor]]:
-        """(name, view) of every parameter in one group's flat master weights, for optimizers whose
-        update needs whole tensors (Lamb, Muon). Needs the group unpartitioned (stage 0)."""
+        """(name, view) of every parameter in one group's flat master weights, for per-tensor optimizers
+        without a whole-tensor step (step_on_shards, see whole_tensors.py). Stage 0 only."""
         flat = self.groups[group_index]
         if self.stage != 0:
             raise ZeroError(f"tensor_views needs whole tensors on every rank; at stage {self.stage} each rank holds "
-                            f"a flat shard that cuts tensors apart")
+                            f"a flat shard that cuts tensors apart: give the optimizer a step_on_shards "
+                            f"(dszero.TensorShards) to run it at any stage")
         return [(slot.name, flat.master[slot.offset:slot.end].view(slot.shape)) for slot in flat.layout.slots]
 
     def step(self) -> bool:
@@ -515,6 +522,7 @@ class ZeroOptimizer:
         entries.append(("gradients", "device", self.reducer.buffer_bytes()))
         entries.append(("master_weights", self.stepper.where, self.stepper.master_bytes()))
         entries.append(("optimizer_state", self.stepper.where, self.stepper.state_bytes()))
+        entries.append(("optimizer_state", "cpu", self.stepper.resident_state_bytes()))
         entries.append(("offload_buffers", "cpu", self.stepper.buffer_bytes()))
         entries.append(("communication_buffers", "device", self.reducer.comm_buffer_bytes()))
         kinds = ("parameters", "gradients", "master_weights", "optimizer_state", "communication_buffers",

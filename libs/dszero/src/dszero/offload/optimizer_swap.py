@@ -10,12 +10,14 @@ sub-group moves), copy the masters into the model's shards, then write the regio
 asynchronously; a write finishes while the next sub-group is read and stepped.
 
 Between steps the masters and state tensors are empty placeholders; `resident()` brings them in
-whole (for state_dict, checkpoints, loading).
+whole (for state_dict, checkpoints, loading). State named in `keep_in_memory` (Muon's momentum
+buffer under zero_optimization.save_muon_momentum_buffer_in_memory) is never swapped: it stays in
+host memory, so a whole-tensor step reads no file for it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -24,6 +26,7 @@ import torch
 from dsconfig import OffloadOptimizerConfig
 
 from ..errors import ZeroConfigError
+from ..steps import run_optimizer
 from .swap import BufferPool, SwapFile, nvme_dir
 
 KEY = "zero_optimization.offload_optimizer"
@@ -58,9 +61,12 @@ class SwappedStep:
     where = "nvme"
 
     def __init__(self, optimizer: torch.optim.Optimizer, groups: list[Any], config: OffloadOptimizerConfig,
-                 sub_group_size: int, rank: int, aio_kwargs: dict[str, Any] | None):
+                 sub_group_size: int, rank: int, aio_kwargs: dict[str, Any] | None, *, shards: Any = None,
+                 keep_in_memory: Sequence[str] = ()):
         self.optimizer = optimizer
         self.groups = groups
+        self.shards = shards  # a whole_tensors.TensorShards for an optimizer that steps on shards
+        self.keep_in_memory = frozenset(keep_in_memory)
         self.config = config
         self.sub_group_size = sub_group_size
         self.swap = SwapFile(nvme_dir(config.nvme_path), "optimizer", rank, aio_kwargs, KEY)
@@ -70,7 +76,8 @@ class SwappedStep:
         for sub in self.subgroups:
             for position, index in enumerate(sub.members):
                 self.where_is[id(groups[index])] = (sub, position)
-        widest = max(sub.numel for sub in self.subgroups) * 4  # fp32 is the widest state kept
+        # fp32 is the widest state kept, except fp64 masters (precision "fp64") and their state.
+        widest = max(sub.numel for sub in self.subgroups) * max(4, _size(self.dtypes[MASTER]))
         self.pool = BufferPool(config.buffer_count, widest, config.pin_memory, KEY)
         self.writing: list[int] = []  # buffers whose asynchronous writes may still be running
         for sub in self.subgroups:
@@ -87,7 +94,8 @@ class SwappedStep:
             taken = self._bring_in(sub)
             for index in sub.members:
                 self.groups[index].master_param.grad = grads[index]
-            self.optimizer.step()
+            # Every rank has the same sub-groups, so a whole-tensor step's collectives match across ranks.
+            run_optimizer(self.optimizer, self.shards)
             for index in sub.members:
                 group = self.groups[index]
                 group.master_param.grad = None
@@ -134,7 +142,8 @@ class SwappedStep:
         group = self.groups[sub.members[0]]
         found = []
         for key, value in self.optimizer.state.get(group.master_param, {}).items():
-            if torch.is_tensor(value) and value.numel() == group.shard_numel and key not in sub.regions:
+            if (torch.is_tensor(value) and value.numel() == group.shard_numel and key not in sub.regions
+                    and key not in self.keep_in_memory):
                 found.append(key)
                 self.dtypes[key] = value.dtype
         needed = 1 + len({k for k in self.dtypes if k != MASTER})
@@ -218,6 +227,11 @@ class SwappedStep:
 
     def master_bytes(self) -> int:
         return sum(sub.regions[MASTER][1] for sub in self.subgroups)
+
+    def resident_state_bytes(self) -> int:
+        """Bytes of the state kept in host memory (keep_in_memory), not in the swap file."""
+        return sum(value.numel() * value.element_size() for per_param in self.optimizer.state.values()
+                   for key, value in per_param.items() if key in self.keep_in_memory and torch.is_tensor(value))
 
     def buffer_bytes(self) -> int:
         return self.pool.total_bytes()
