@@ -43,6 +43,7 @@ MAPPED_PATHS: dict[str, str] = {
     "deepspeed.ops": "dstrain.ops",
     "deepspeed.ops.adam": "dstrain.ops.adam",
     "deepspeed.ops.lamb": "dstrain.ops",
+    "deepspeed.ops.transformer": "dstrain.ops.transformer",
     "deepspeed.monitor": "dsmonitor",
     "deepspeed.pipe": "dstrain.pipe",
     "deepspeed.moe": "dstrain.moe",
