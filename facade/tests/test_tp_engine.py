@@ -48,7 +48,7 @@ def tp_rank(rank, world, stage, overlap):
     return losses, norms, whole_parameters(engine), sharded, engine.dp_world_size
 
 
-@pytest.mark.parametrize(("stage", "overlap"), [(0, False), (1, True), (2, False), (3, False)])
+@pytest.mark.parametrize(("stage", "overlap"), [(0, False), (1, True), (2, False), (3, False), (3, True)])
 def test_tp2_x_dp2_with_zero_equals_one_process(stage, overlap):
     ref_losses, ref_norms, ref_params = reference()
     for losses, norms, params, sharded, dp in run_ranks(tp_rank, 4, stage, overlap, timeout=240):
