@@ -213,3 +213,21 @@ def test_sparse_attention_beside_the_kernel_is_refused_with_the_tutorials_note()
 def test_the_deepspeed_module_path_resolves():
     import dstrain.as_deepspeed as as_deepspeed
     assert as_deepspeed.MAPPED_PATHS["deepspeed.ops.transformer"] == "dstrain.ops.transformer"
+
+
+def test_the_kernel_choice_is_checked(monkeypatch):
+    from dstrain.ops.kernels import backend_name, triton_available
+    layer = DeepSpeedTransformerLayer(config())
+    x = torch.randn(2, 5, HIDDEN)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setenv("DSTRAIN_KERNELS", "cuda")
+    with pytest.raises(dstrain.DstrainError, match="DSTRAIN_KERNELS='cuda' is not a kernel choice; valid: auto, "
+                                                   "torch, triton"):
+        layer(x)
+    monkeypatch.setenv("DSTRAIN_KERNELS", "triton")
+    expected = "needs a CUDA tensor" if triton_available() else r"pip install 'dstrain\[kernels\]'"
+    with pytest.raises(dstrain.DstrainError, match=expected):
+        layer(x)
+    assert backend_name(x.double()) == "torch"  # float64 stays on the exact path whatever is asked
+    monkeypatch.setenv("DSTRAIN_KERNELS", "auto")
+    assert backend_name(x) == "torch"  # a CPU tensor without the interpreter
