@@ -6,9 +6,12 @@ import pytest
 import torch
 from tp_models import hf_model, tokens, tp_config, whole_parameters
 
+import dsaio
 import dscomm
+import dstp
 import dstrain
 from dscomm.testing import run_ranks
+from dszero.checkpoint import read_parameter_states
 
 
 def train(engine, steps, start=0):
@@ -33,6 +36,7 @@ def reload_rank(rank, world, stage, root):
     for tp in (2, 1, 4):
         again, *_ = dstrain.initialize(model=hf_model(seed=9), config=tp_config(tp, stage))
         again.load_checkpoint(root, tag="t")
+        again.save_checkpoint(root, tag=f"re{tp}")  # what was loaded, saved again at this degree
         loaded = whole_parameters(again)
         results[tp] = max((loaded[n] - saved[n]).abs().max().item() for n in saved)
         if tp == 2:  # same layout: optimizer state and counters restored, so the next step is the same step
@@ -41,12 +45,36 @@ def reload_rank(rank, world, stage, root):
     return results
 
 
+def whole_states(directory):
+    """Every parameter's fp32 master and Adam moments in a checkpoint, merged over its tensor ranks."""
+    common = dsaio.load_state_dict(directory / "engine_common.safetensors")
+    size = common.get("tp_size", 1)
+    dirs = [directory / f"tp_{r:02d}_of_{size:02d}" for r in range(size)] if size > 1 else [directory]
+    plan = dstp.TensorParallelPlan.from_json(common["tp_plan"]) if size > 1 else None
+    per_rank = [read_parameter_states(d / "zero")[0] for d in dirs]
+    whole = {}
+    for name, kinds in per_rank[0].items():
+        pp = plan.params[name] if plan is not None else None
+        whole[name] = {kind: dstp.merge_shards([states[name][kind] for states in per_rank], pp)
+                       if pp is not None and pp.sharded else per_rank[0][name][kind] for kind in kinds}
+    return whole
+
+
 @pytest.mark.parametrize("stage", [1, 3])
 def test_reload_at_the_same_and_at_another_tp_degree(stage, tmp_path):
     for results in run_ranks(reload_rank, 4, stage, str(tmp_path / "ckpt"), timeout=300):
         assert results[2] == 0 and results[1] < 1e-6 and results[4] < 1e-6, results
         assert results["next_loss"] < 1e-6 and results["steps"] == 3, results
     assert sorted(p.name for p in (tmp_path / "ckpt" / "t").iterdir() if p.is_dir()) == ["tp_00_of_02", "tp_01_of_02"]
+    # The optimizer's state went across too: masters and both Adam moments, merged and cut by the plan.
+    saved = whole_states(tmp_path / "ckpt" / "t")
+    for tag in ("re1", "re2", "re4"):
+        again = whole_states(tmp_path / "ckpt" / tag)
+        assert set(again) == set(saved)
+        for name, kinds in saved.items():
+            assert set(kinds) == {"master", "exp_avg", "exp_avg_sq"} == set(again[name]), (tag, name)
+            for kind, value in kinds.items():
+                assert torch.equal(again[name][kind], value), (tag, name, kind)
 
 
 def sixteen_bit_rank(rank, world, stage, root):

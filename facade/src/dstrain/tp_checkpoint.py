@@ -9,9 +9,8 @@ another autotp_size by merging the shards and cutting them anew by the plan.
 Every rule of the plain checkpoints holds (engine_checkpoint.py): tags checked before writing, a
 `.partial` directory swapped into place when every rank has written, `latest` after that, dsaio
 files only (no pickle). At the same autotp_size each tensor rank loads its own sub-directory; at
-another one the weights are merged from the fp32 masters of every saved tensor rank and cut for
-this rank (the optimizer's moments start afresh, with a warning: they are not carried across a
-change of autotp_size yet).
+another one the weights, the fp32 masters and the optimizer's per-element state (Adam's moments) of
+every saved tensor rank are merged parameter by parameter and cut for this rank by the plan.
 """
 
 from __future__ import annotations
@@ -27,7 +26,14 @@ import dsaio
 import dscomm
 import dstp
 import dszero
-from dszero.checkpoint import is_shared_file_writer, swap_into_place, write_manifest, write_text_atomically
+from dszero.checkpoint import (
+    is_shared_file_writer,
+    load_parameter_states,
+    read_parameter_states,
+    swap_into_place,
+    write_manifest,
+    write_text_atomically,
+)
 
 from . import engine_checkpoint as plain
 from .checkpoint_paths import LATEST, check_tag
@@ -134,9 +140,9 @@ def load_checkpoint(parts: TrainingParts, path: Path, common: dict, *, load_modu
             optimizer.load(mine / plain.ZERO_DIR, load_optimizer_states=load_optimizer_states)
     else:
         _load_resharded(parts, dirs, common, state, tp_rank, tp_size, strict=load_module_strict)
-        if optimizer is not None and load_optimizer_states and not load_module_only:
-            warnings.warn(f"{path}: saved at autotp_size {len(dirs)}, loaded at {tp_size}: the weights are merged and "
-                          f"cut anew, the optimizer's state (moments, step counts) starts afresh", stacklevel=4)
+        if optimizer is not None:
+            _load_resharded_optimizer(parts, dirs, common, state, tp_rank, tp_size,
+                                      load_optimizer_states and not load_module_only)
     if not load_module_only and optimizer is not None:
         if load_lr_scheduler_states and parts.lr_scheduler is not None and common["lr_scheduler"] is not None:
             parts.lr_scheduler.load_state_dict(common["lr_scheduler"])
@@ -199,6 +205,29 @@ def _load_resharded(parts: TrainingParts, dirs: list[Path], common: dict, state:
             target.data.copy_(value.to(target.dtype))
     if parts.optimizer is not None and not sharded:
         parts.optimizer.masters_from_module()
+
+
+def _load_resharded_optimizer(parts: TrainingParts, dirs: list[Path], common: dict, state: Any, tp_rank: int,
+                              tp_size: int, with_states: bool) -> None:
+    """The fp32 masters and the optimizer's per-element state (Adam's moments) of every saved tensor rank,
+    merged by the saved plan and cut by the current one into this rank's ZeRO shards."""
+    saved = _saved_plan(common, dirs)
+    current = state.plan.params if state is not None else {}
+    per_rank = [read_parameter_states(directory / plain.ZERO_DIR) for directory in dirs]
+    scalars = per_rank[0][1] if with_states else {}
+    local: dict[str, dict[str, torch.Tensor]] = {}
+    for name, kinds in per_rank[0][0].items():
+        saved_pp = saved.params.get(name) if saved is not None else None
+        pp = current.get(name)
+        for kind in kinds:
+            shards = [states[name][kind] for states, _ in per_rank]
+            whole = dstp.merge_shards(shards, saved_pp) if saved_pp is not None and saved_pp.sharded else shards[0]
+            local.setdefault(name, {})[kind] = dstp.shard_tensor(whole, pp, tp_rank, tp_size) if pp is not None \
+                else whole
+    try:
+        load_parameter_states(parts.optimizer, local, scalars, load_optimizer_states=with_states)
+    except dszero.CheckpointError as exc:
+        raise CheckpointLoadError(f"{dirs[0].parent}: {exc}") from None
 
 
 # ---------------------------------------------------------------------------------------------- 16-bit
