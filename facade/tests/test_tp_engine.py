@@ -30,8 +30,9 @@ def reference(steps: int = STEPS, data: int = 2):
     return losses, norms, dict((n, p.detach().clone()) for n, p in model.named_parameters())
 
 
-def tp_rank(rank, world, stage, overlap):
-    engine, *_ = dstrain.initialize(model=hf_model(), config=tp_config(2, stage, tp_overlap_comm=overlap))
+def tp_rank(rank, world, stage, overlap, vocab=False):
+    engine, *_ = dstrain.initialize(model=hf_model(), config=tp_config(2, stage, tp_overlap_comm=overlap,
+                                                                        vocab_parallel_lm_head=vocab))
     groups = dscomm.groups.current()
     replica = groups.rank_in("data")
     losses, norms = [], []
@@ -48,10 +49,11 @@ def tp_rank(rank, world, stage, overlap):
     return losses, norms, whole_parameters(engine), sharded, engine.dp_world_size
 
 
-@pytest.mark.parametrize(("stage", "overlap"), [(0, False), (1, True), (2, False), (3, False), (3, True)])
-def test_tp2_x_dp2_with_zero_equals_one_process(stage, overlap):
+@pytest.mark.parametrize(("stage", "overlap", "vocab"), [(0, False, False), (1, True, False), (2, False, True),
+                                                         (3, False, False), (3, True, True)])
+def test_tp2_x_dp2_with_zero_equals_one_process(stage, overlap, vocab):
     ref_losses, ref_norms, ref_params = reference()
-    for losses, norms, params, sharded, dp in run_ranks(tp_rank, 4, stage, overlap, timeout=240):
+    for losses, norms, params, sharded, dp in run_ranks(tp_rank, 4, stage, overlap, vocab, timeout=240):
         assert dp == 2 and sharded > 0
         assert losses == pytest.approx(ref_losses, rel=1e-5), (stage, losses, ref_losses)
         assert norms == pytest.approx(ref_norms, rel=1e-4), (stage, norms, ref_norms)

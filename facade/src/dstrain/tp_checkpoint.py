@@ -111,7 +111,7 @@ def save_checkpoint(parts: TrainingParts, save_dir, tag: Any, client_state: dict
 # ---------------------------------------------------------------------------------------------- load
 def saved_tensor_dirs(path: Path, common: dict) -> list[Path]:
     """The tensor ranks' sub-directories of a checkpoint, in rank order ([path] itself when saved without TP)."""
-    size = int(common.get(TP_SIZE, 1) or 1)
+    size = saved_tp_size(common, path)
     if size == 1:
         return [path]
     dirs = [path / tp_directory(rank, size) for rank in range(size)]
@@ -265,7 +265,20 @@ def save_16bit_model(parts: TrainingParts, save_dir, save_filename: str, *,
     return True
 
 
+MAX_TP_SIZE = 1 << 16
+
+
+def saved_tp_size(common: dict, path: Path | None = None) -> int:
+    """The autotp_size a checkpoint was saved at (1 without tensor parallelism); a value that is not a
+    plausible degree is refused (the common file is read from disk and may be crafted)."""
+    size = common.get(TP_SIZE, 1)
+    if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_TP_SIZE:
+        raise CheckpointLoadError(f"{path or 'checkpoint'}: {TP_SIZE} = {size!r} is not a tensor-parallel degree "
+                                  f"(1..{MAX_TP_SIZE})")
+    return size
+
+
 def is_tp_checkpoint(common: dict) -> bool:
-    return int(common.get(TP_SIZE, 1) or 1) > 1
+    return saved_tp_size(common) > 1
 
 
