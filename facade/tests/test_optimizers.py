@@ -156,7 +156,7 @@ def test_muon_tall_matrix_scale_l2_adam_and_errors():
     flat = torch.nn.Parameter(torch.zeros(6))  # what a ZeRO wrapper puts in the group
     flat.grad = torch.ones(6)
     flattened.param_groups[0]["params"] = [flat]
-    with pytest.raises(RuntimeError, match="muon_update"):
+    with pytest.raises(RuntimeError, match="step_on_shards"):
         flattened.step()
 
 

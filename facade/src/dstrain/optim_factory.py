@@ -2,6 +2,8 @@
 
 Adam / AdamW are torch's (DeepSpeed's fused kernels compute the same update); Lamb and Muon are
 dstrain.ops; any other name is the torch.optim (or torch.optim.lr_scheduler) class of that name.
+For Muon, given the model, the parameters are first tagged by DeepSpeed's rules (ops/muon_params.py:
+which take Muon, and with per_head_muon which are split per attention head).
 Every params problem is reported at once, each as `optimizer.params.<key>` with what is valid.
 """
 
@@ -18,6 +20,7 @@ from dsconfig import ConfigError, Problem
 
 from . import lr_schedules
 from .ops import Lamb, Muon
+from .ops.muon_params import select_muon_parameters, tag_attention_heads
 
 _DEEPSPEED_SCHEDULERS = {name: getattr(lr_schedules, name) for name in lr_schedules.__all__}
 
@@ -27,8 +30,10 @@ _ADAM_ONLY_KEYS = ("adam_w_mode", "torch_adam", "bias_correction", "set_grad_non
 __all__ = ["build_optimizer", "build_scheduler"]
 
 
-def build_optimizer(config: dsconfig.OptimizerConfig, params_or_groups: Iterable[Any]) -> torch.optim.Optimizer:
-    """The optimizer `config.type` names, over the parameters (or param-group dicts) given."""
+def build_optimizer(config: dsconfig.OptimizerConfig, params_or_groups: Iterable[Any],
+                    model: torch.nn.Module | None = None) -> torch.optim.Optimizer:
+    """The optimizer `config.type` names, over the parameters (or param-group dicts) given; `model`
+    (the module they belong to) lets Muon tag its parameters by name and shape first."""
     name = config.type
     params = dict(config.params)
     _refuse_auto("optimizer", params)
@@ -42,6 +47,8 @@ def build_optimizer(config: dsconfig.OptimizerConfig, params_or_groups: Iterable
                                       "update (FusedLamb has no L2 mode); remove the key or set it to true", False))
     elif lowered == "muon":
         cls = Muon
+        if model is not None:
+            _tag_for_muon(model, bool(params.get("per_head_muon", False)))
     else:
         cls = _torch_class(torch.optim, name, "optimizer", torch.optim.Optimizer)
     if "betas" in params and isinstance(params["betas"], list):
@@ -72,6 +79,20 @@ def _adam(named_adamw: bool, params: dict) -> tuple[type, dict]:
                                   False))
     params.setdefault("weight_decay", 0.0)  # FusedAdam's default; torch's AdamW would decay by 0.01
     return (torch.optim.AdamW if named_adamw or adam_w_mode else torch.optim.Adam), params
+
+
+def _tag_for_muon(model: torch.nn.Module, per_head: bool) -> None:
+    select_muon_parameters(model)
+    if not per_head:
+        return
+    tags = tag_attention_heads(model)
+    if not tags.tagged:
+        # An explicit opt-in that could do nothing is an error, as DeepSpeed's initialize raises.
+        skipped = f"; {len(tags.unconfirmed)} attention projection(s) confirmed no geometry of the model's config" \
+                  f" and {len(tags.conflicts)} had conflicting ones" if tags.unconfirmed or tags.conflicts else ""
+        raise ConfigError(Problem("optimizer.params.per_head_muon", f"is true but no attention projection could be "
+                                  f"split per head (q/k/v projections whose rows are heads x width of the model's "
+                                  f"config{skipped}); set it to false", True))
 
 
 def _torch_class(module: Any, name: str, section: str, base: type | None) -> type:

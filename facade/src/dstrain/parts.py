@@ -83,7 +83,8 @@ def build_training_parts(model: torch.nn.Module, config: DeepSpeedConfig, *, opt
     if not checkpointing.is_configured():  # the config's activation_checkpointing section, until the script's own
         checkpointing.configure(None, deepspeed_config=config)
     broadcast_module_state(model, data_parallel_group)
-    basic = _basic_optimizer(config, optimizer, model_parameters if model_parameters is not None else model.parameters())
+    basic = _basic_optimizer(config, optimizer, model_parameters if model_parameters is not None else model.parameters(),
+                             model)
     zero = None
     if basic is not None:
         expert_param_group_keys(basic, model, groups)  # MoE groups: reduced over their expert-data group
@@ -135,7 +136,8 @@ def broadcast_module_state(module: torch.nn.Module, group: Any) -> None:
     broadcast_expert_parameters(module)
 
 
-def _basic_optimizer(config: DeepSpeedConfig, client: Any, params: Any) -> torch.optim.Optimizer | None:
+def _basic_optimizer(config: DeepSpeedConfig, client: Any, params: Any,
+                     model: torch.nn.Module) -> torch.optim.Optimizer | None:
     section = config.optimizer
     if client is not None and section is not None:
         # DeepSpeed's documented rule: the client's object wins over the config's section.
@@ -147,7 +149,7 @@ def _basic_optimizer(config: DeepSpeedConfig, client: Any, params: Any) -> torch
             return None
         from .optim_factory import build_optimizer
 
-        return build_optimizer(section, params)
+        return build_optimizer(section, params, model=model)  # the model: Muon tags its parameters by name
     if isinstance(client, torch.optim.Optimizer):
         return client
     if callable(client):
@@ -161,8 +163,9 @@ def _basic_optimizer(config: DeepSpeedConfig, client: Any, params: Any) -> torch
 
 def _zero_optimizer(config: DeepSpeedConfig, module: torch.nn.Module, basic: torch.optim.Optimizer,
                     precision: PrecisionSetup, group: Any, norm_group: Any) -> tuple[Any, dszero.ZeroOptimizer]:
-    """(what schedulers see, the ZeRO optimizer): whole-tensor optimizers (Lamb, Muon) run through an
-    adapter over ZeRO's flat groups, and the scheduler drives the adapter."""
+    """(what schedulers see, the ZeRO optimizer): per-tensor optimizers without a sharded step of their
+    own run through an adapter over ZeRO's flat groups (stage 0), and the scheduler drives the adapter;
+    Lamb and Muon step on the shards themselves (dszero's whole-tensor step)."""
     clipping = config.gradient_clipping if isinstance(config.gradient_clipping, (int, float)) else 0.0
     tensorwise = TensorwiseOnFlat(basic) if needs_whole_tensors(basic) else None
     if tensorwise is not None:

@@ -1,11 +1,15 @@
-"""Run an optimizer whose update needs whole tensors (Lamb's per-tensor trust ratio, Muon's matrix
-orthogonalisation) on dszero's flat master buffers.
+"""Optimizers whose update needs whole tensors, on dszero's flat master buffers.
 
-dszero hands an optimizer one flat parameter per group. `TensorwiseOnFlat` is what dszero sees: its
-groups are flattened like any other, and its state is flat (one shard-sized tensor per state name),
-so dszero's checkpoints save and reshard it unchanged. At step time it cuts the flat master, its
-gradient and the flat state into per-tensor views, and lets the real optimizer update the views in
-place. This needs each rank's shard to hold whole tensors, i.e. ZeRO stage 0.
+dstrain's Lamb and Muon define `step_on_shards`: dszero's whole-tensor step (dszero.TensorShards)
+runs them at every ZeRO stage, with norms summed across shards and each matrix orthogonalised once
+by the rank that owns it; they need nothing from here.
+
+Other per-tensor optimizers (torch's Adafactor, LBFGS, a client's own) have no sharded form: they
+run on per-tensor views of the flat groups, which needs each rank to hold whole tensors (ZeRO stage
+0). `TensorwiseOnFlat` is what dszero sees for them: its groups are flattened like any other, and
+its state is flat (one shard-sized tensor per state name), so dszero's checkpoints save it
+unchanged; at step time it cuts the flat master, its gradient and the flat state into per-tensor
+views, and lets the real optimizer update the views in place.
 """
 
 from __future__ import annotations
@@ -15,10 +19,14 @@ from typing import Any
 import torch
 
 from dsconfig import ConfigError, Problem
+from dszero.whole_tensors import steps_on_shards
 
 
 def needs_whole_tensors(optimizer: torch.optim.Optimizer) -> bool:
-    """Optimizers whose update is not elementwise (marked by dstrain.ops, or known torch ones)."""
+    """Optimizers whose update is not elementwise and that have no whole-tensor step of their own
+    (step_on_shards): they run on per-tensor views (marked `needs_whole_tensors`, or known by name)."""
+    if steps_on_shards(optimizer):
+        return False  # dszero steps it on the shards at any stage
     return bool(getattr(optimizer, "needs_whole_tensors", False)) or type(optimizer).__name__ in (
         "Lamb", "FusedLamb", "Muon", "Adafactor", "LBFGS")
 
@@ -35,11 +43,11 @@ class TensorwiseOnFlat(torch.optim.Optimizer):
     @staticmethod
     def check_stage(stage: int, optimizer_type: str) -> None:
         if stage != 0:
-            raise ConfigError(Problem("zero_optimization.stage", f"{optimizer_type} updates whole tensors (per-tensor "
-                                                                 f"trust ratio / matrix orthogonalisation), but ZeRO "
-                                                                 f"stage {stage} splits tensors across ranks; use "
-                                                                 f"stage 0 or an elementwise optimizer (Adam, AdamW)",
-                                      stage))
+            raise ConfigError(Problem("zero_optimization.stage", f"{optimizer_type} updates whole tensors and has "
+                                                                 f"no sharded step (step_on_shards), but ZeRO stage "
+                                                                 f"{stage} splits tensors across ranks; use stage 0, "
+                                                                 f"dstrain's Lamb or Muon, or an elementwise optimizer "
+                                                                 f"(Adam, AdamW)", stage))
 
     def bind(self, zero: Any) -> None:
         """After dszero flattened the groups: per-tensor views of each group's flat master."""
@@ -48,7 +56,7 @@ class TensorwiseOnFlat(torch.optim.Optimizer):
             views, slots, offset = [], [], 0
             for (_name, master_view), original in zip(zero.tensor_views(index), originals, strict=True):
                 view = torch.nn.Parameter(master_view, requires_grad=False)
-                for attribute in ("use_muon", "muon_num_heads"):  # Muon's per-parameter choices
+                for attribute in ("use_muon", "muon_num_heads"):  # per-parameter choices a Muon-like optimizer reads
                     if hasattr(original, attribute):
                         setattr(view, attribute, getattr(original, attribute))
                 views.append(view)

@@ -5,6 +5,10 @@ Per parameter, with g the gradient (divided by the group's clip factor when max_
     u = m / (sqrt(v) + eps) + weight_decay p       (sqrt(v + eps) with eps_inside_sqrt)
     trust = clamp(||p|| / ||u||, min_coeff, max_coeff), or 1 when either norm is 0
     p = p - lr * sqrt(1 - beta2^t) / (1 - beta1^t) * trust * u   (no bias factor without bias_correction)
+
+Under ZeRO (any stage) dszero steps it through `step_on_shards`: the moments and u are elementwise
+on the flat shards, and the norms of each whole tensor (and of the group's gradient, for
+max_grad_norm) are summed across the shards (dszero.TensorShards.sum_squares).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import torch
 class Lamb(torch.optim.Optimizer):
     """Layer-wise adaptive moments (LAMB): Adam moments scaled per tensor by a clamped trust ratio."""
 
-    needs_whole_tensors = True  # per-tensor update: the engine runs it on views of ZeRO's flat buffers
+    # Not elementwise: under ZeRO dszero steps it through step_on_shards (its whole-tensor step).
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, bias_correction: bool = True,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, eps_inside_sqrt: bool = False,
@@ -53,35 +57,75 @@ class Lamb(torch.optim.Optimizer):
             if not params:
                 continue
             clip = self._clip_factor(params, group["max_grad_norm"])
-            beta1, beta2 = group["betas"]
             for p in params:
                 if p.grad.is_sparse:
                     raise RuntimeError("Lamb does not support sparse gradients")
-                state = self.state[p]
-                if not state:
-                    state["step"] = 0
-                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                state["step"] += 1
-                grad = p.grad if clip is None else p.grad / clip
-                exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-                exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)
-                exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-                if self.eps_mode == 0:
-                    denom = (exp_avg_sq + group["eps"]).sqrt_()
-                else:
-                    denom = exp_avg_sq.sqrt().add_(group["eps"])
-                update = exp_avg / denom
-                if group["weight_decay"] != 0:
-                    update.add_(p, alpha=group["weight_decay"])
+                update = self._moments_and_update(p, p.grad if clip is None else p.grad / clip, group)
                 coeff = self._trust_ratio(p, update, group["min_coeff"], group["max_coeff"])
                 self.lamb_coeffs.append(coeff)
-                step_size = group["lr"]
-                if group["bias_correction"]:
-                    step = state["step"]
-                    step_size = step_size * math.sqrt(1 - beta2 ** step) / (1 - beta1 ** step)
+                step_size = self._step_size(group, self.state[p]["step"])
                 p.sub_(update * (coeff * step_size).to(update.dtype))
         return loss
+
+    @torch.no_grad()
+    def step_on_shards(self, shards: Any) -> None:
+        """The same update on ZeRO's flat master shards (dszero's whole-tensor step, any stage).
+
+        Each flat master holds pieces of several tensors: the trust ratio of each comes from its
+        whole-tensor norms, summed over every rank's pieces, and scales its piece of the update."""
+        live = [(group, [p for p in group["params"] if p.grad is not None]) for group in self.param_groups]
+        clipped = [(group, params) for group, params in live if params and group["max_grad_norm"] > 0]
+        grad_sq = shards.sum_squares({p: p.grad for _, params in clipped for p in params})[0] if clipped else {}
+        updates: dict[torch.Tensor, torch.Tensor] = {}
+        for group, params in live:
+            clip = None
+            if group["max_grad_norm"] > 0 and params:
+                norm = torch.stack([grad_sq[p].sum() for p in params]).sum().sqrt()
+                clip = torch.clamp((norm + 1e-6) / group["max_grad_norm"], min=1.0).to(params[0].dtype)
+            for p in params:
+                updates[p] = self._moments_and_update(p, p.grad if clip is None else p.grad / clip, group)
+        self.lamb_coeffs = []
+        if not updates:
+            return
+        weight_sq, update_sq = shards.sum_squares({p: p for p in updates}, updates)
+        for group, params in live:
+            for p in params:
+                ratio = (weight_sq[p].sqrt() / update_sq[p].sqrt()).clamp(group["min_coeff"], group["max_coeff"])
+                coeffs = torch.where((weight_sq[p] > 0) & (update_sq[p] > 0), ratio, torch.ones_like(ratio))
+                self.lamb_coeffs.extend(coeffs.unbind())
+                step_size = self._step_size(group, self.state[p]["step"])
+                update = updates[p]
+                for tensor, coeff in zip(shards.tensors(p), coeffs.tolist()):
+                    tensor.piece(update).mul_(coeff * step_size)
+                p.sub_(update)
+
+    def _moments_and_update(self, p: torch.Tensor, grad: torch.Tensor, group: dict) -> torch.Tensor:
+        """Adam's moments (updated in place) and u = m / (sqrt(v) + eps) + weight_decay p, elementwise."""
+        state = self.state[p]
+        if not state:
+            state["step"] = 0
+            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        state["step"] = int(state["step"]) + 1  # a checkpoint brings it back as a float tensor
+        beta1, beta2 = group["betas"]
+        exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+        exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)
+        exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        if self.eps_mode == 0:
+            denom = (exp_avg_sq + group["eps"]).sqrt_()
+        else:
+            denom = exp_avg_sq.sqrt().add_(group["eps"])
+        update = exp_avg / denom
+        if group["weight_decay"] != 0:
+            update.add_(p, alpha=group["weight_decay"])
+        return update
+
+    @staticmethod
+    def _step_size(group: dict, step: int) -> float:
+        if not group["bias_correction"]:
+            return group["lr"]
+        beta1, beta2 = group["betas"]
+        return group["lr"] * math.sqrt(1 - beta2 ** step) / (1 - beta1 ** step)
 
     @staticmethod
     def _trust_ratio(p: torch.Tensor, update: torch.Tensor, min_coeff: float, max_coeff: float) -> torch.Tensor:

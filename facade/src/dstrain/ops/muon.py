@@ -7,6 +7,11 @@ has two or more dimensions; set `p.use_muon = False` on embeddings and output he
     O   = NS(d) * sqrt(max(1, rows / cols))      (NS: quintic Newton-Schulz orthogonalisation)
     p   = p (1 - lr weight_decay) - lr O
 The other parameters take Adam's update (decoupled weight decay with adam_w_mode, L2 without).
+
+Under ZeRO (any stage) dszero steps it through `step_on_shards`: the momentum and the Adam half are
+elementwise on the flat shards, and each matrix is orthogonalised whole, once, by the rank dszero
+assigns it to (dszero.TensorShards.transform_whole). Which parameters are Muon's, and which are
+orthogonalised per head, is decided from the model by dstrain.ops.muon_params.
 """
 
 from __future__ import annotations
@@ -24,8 +29,8 @@ _GRAM_RESTART = 2  # rebuild X from the accumulated polynomial after this many G
 
 
 def _normalised_wide(g: torch.Tensor) -> tuple[torch.Tensor, bool]:
-    """fp32 copy with rows <= cols (transposed if needed) and Frobenius norm <= 1, so NS converges."""
-    x = g.float()
+    """fp32 (fp64 stays fp64) copy with rows <= cols (transposed if needed) and Frobenius norm <= 1."""
+    x = g.to(torch.promote_types(g.dtype, torch.float32))
     tall = x.size(-2) > x.size(-1)
     if tall:
         x = x.mT
@@ -94,12 +99,18 @@ def muon_update(grad: torch.Tensor, momentum_buffer: torch.Tensor, momentum: flo
                 ns_method: str = "gram", ns_steps: int = 5, num_heads: int | None = None) -> torch.Tensor:
     """One parameter's Muon direction (before lr and weight decay); updates `momentum_buffer` in place.
 
-    Public so that a sharded optimizer (ZeRO) can apply it to a whole matrix's gradient before
-    the gradient is flattened and partitioned, where the matrix shape is still known.
+    The momentum step is elementwise (_momentum_direction), so a sharded optimizer runs it on
+    its shards and orthogonalises the assembled whole matrix only.
     """
+    return _orthogonalise(_momentum_direction(grad, momentum_buffer, momentum, nesterov), ns_method, ns_steps,
+                          num_heads)
+
+
+def _momentum_direction(grad: torch.Tensor, momentum_buffer: torch.Tensor, momentum: float,
+                        nesterov: bool) -> torch.Tensor:
+    """Updates `momentum_buffer` in place; returns the direction to orthogonalise (elementwise)."""
     momentum_buffer.lerp_(grad, 1 - momentum)
-    direction = grad.lerp(momentum_buffer, momentum) if nesterov else momentum_buffer
-    return _orthogonalise(direction, ns_method, ns_steps, num_heads)
+    return grad.lerp(momentum_buffer, momentum) if nesterov else momentum_buffer
 
 
 def _uses_muon(p: torch.Tensor) -> bool:
@@ -120,7 +131,7 @@ class Muon(torch.optim.Optimizer):
     carry `muon_num_heads` are orthogonalised head by head (rows split into that many heads).
     """
 
-    needs_whole_tensors = True  # per-tensor update: the engine runs it on views of ZeRO's flat buffers
+    # Not elementwise: under ZeRO dszero steps it through step_on_shards (its whole-tensor step).
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, momentum: float = 0.95, weight_decay: float = 0.0,
                  muon_lr: float | None = None, adam_lr: float | None = None,
@@ -171,19 +182,49 @@ class Muon(torch.optim.Optimizer):
                     step(p, group)
         return loss
 
+    @torch.no_grad()
+    def step_on_shards(self, shards: Any) -> None:
+        """The same update on ZeRO's flat master shards (dszero's whole-tensor step, any stage)."""
+        directions: dict[torch.Tensor, torch.Tensor] = {}
+        group_of: dict[int, dict] = {}
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if not group["use_muon"]:
+                    self._adam_step(p, group)  # elementwise: the flat shard is as good as the tensors
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                directions[p] = _momentum_direction(p.grad, state["momentum_buffer"], group["momentum"],
+                                                    group["nesterov"])
+                group_of[id(p)] = group
+
+        def orthogonalise(tensor: Any, whole: torch.Tensor) -> torch.Tensor:
+            group = group_of[id(tensor.master)]
+            return _orthogonalise(whole, group["ns_method"], group["ns_steps"], self._heads(tensor.param))
+
+        for p, update in shards.transform_whole(directions, orthogonalise).items():
+            lr = group_of[id(p)]["lr"]
+            p.mul_(1 - lr * group_of[id(p)]["weight_decay"])
+            p.add_(update.to(p.dtype), alpha=-lr)
+
+    def _heads(self, param: torch.Tensor) -> int | None:
+        return getattr(param, "muon_num_heads", None) if self.per_head_muon else None
+
     def _muon_step(self, p: torch.Tensor, group: dict) -> None:
         if p.grad.is_sparse:
             raise RuntimeError("Muon does not support sparse gradients")
         if p.ndim < 2:
             raise RuntimeError(f"Muon's matrix group holds a {p.ndim}-D tensor of {p.numel()} values: a wrapper "
-                               f"(ZeRO) flattened it; apply dstrain.ops.muon.muon_update to each matrix's "
-                               f"gradient before flattening instead")
+                               f"(ZeRO) flattened it and called step(); dszero.ZeroOptimizer steps it through "
+                               f"step_on_shards, which knows the matrices")
         state = self.state[p]
         if not state:
             state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-        heads = getattr(p, "muon_num_heads", None) if self.per_head_muon else None
         update = muon_update(p.grad, state["momentum_buffer"], group["momentum"], group["nesterov"],
-                             group["ns_method"], group["ns_steps"], heads)
+                             group["ns_method"], group["ns_steps"], self._heads(p))
         lr = group["lr"]
         p.mul_(1 - lr * group["weight_decay"])
         p.add_(update.to(p.dtype), alpha=-lr)

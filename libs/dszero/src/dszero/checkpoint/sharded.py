@@ -89,7 +89,8 @@ def _shard_tensors(zero: ZeroOptimizer, state: dict[str, Any], indices: list[int
     entries = []
     for index in indices:
         flat = zero.groups[index]
-        tensors[f"group{index}.master"] = flat.master.detach().float().contiguous()
+        # fp32, or fp64 masters as they are (precision "fp64"), so a resumed run continues bit for bit.
+        tensors[f"group{index}.master"] = flat.master.detach().to(_saved_dtype(flat.master.dtype)).contiguous()
         scalars: dict[str, Any] = {}
         for key, value in state["state"].get(index, {}).items():
             if torch.is_tensor(value) and value.numel() == flat.shard_numel:
@@ -99,6 +100,10 @@ def _shard_tensors(zero: ZeroOptimizer, state: dict[str, Any], indices: list[int
         entries.append({"index": index, "group_world": flat.layout.world_size, "group_rank": flat.shard_rank,
                         "layout": layout_to_json(flat.layout), "scalars": scalars})
     return tensors, entries
+
+
+def _saved_dtype(master_dtype: torch.dtype) -> torch.dtype:
+    return torch.promote_types(master_dtype, torch.float32)
 
 
 def checkpoint_directory(directory: str | os.PathLike) -> Path:
@@ -154,7 +159,7 @@ def load(zero: ZeroOptimizer, directory: str | os.PathLike, load_optimizer_state
         reads = read_plan(index, flat, zero.rank)
         if reads is None:
             raise CheckpointError(_mismatch(index, flat, position, path))
-        master = torch.zeros(flat.shard_numel, dtype=torch.float32)
+        master = torch.zeros(flat.shard_numel, dtype=_saved_dtype(flat.master.dtype))
         _gather_pieces(master, reads, index, "master")
         flat.master.copy_(master)
         if load_optimizer_states:

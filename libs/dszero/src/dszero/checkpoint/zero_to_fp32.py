@@ -39,7 +39,7 @@ def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir: str | os.PathLike, 
         if missing:
             raise CheckpointError(f"{path}: the shard(s) of rank(s) {missing} of a {layout.world_size}-rank parameter "
                                   f"group are missing (group starting with {layout.slots[0].name!r})")
-        flat = torch.cat([index.tensor(shards[r][0], "master") for r in range(layout.world_size)])
+        flat = torch.cat([index.tensor(shards[r][0], "master") for r in range(layout.world_size)]).float()
         for slot in layout.slots:
             state[slot.name] = flat[slot.offset:slot.end].view(slot.shape).clone()
     return state
