@@ -11,7 +11,8 @@ from ..fields import Auto, section, setting
 class TPLayerSpec:
     patterns: list[str] = section(list, "Regexes of the parameter names this rule applies to.")
     partition_type: Literal["row", "column", "skip"] = setting("column", "How matching parameters are split.")
-    shape: list[int] | None = setting(None, "Sub-parameter shape of fused weights before splitting, e.g. [2, -1].")
+    shape: list[int | list[int]] | None = setting(
+        None, "Sub-parameter shape of fused weights before splitting, e.g. [2, -1]; [[q, k, v], -1] for unequal parts.")
     partition_dim: int | None = setting(None, "Dimension to split when shape is given.")
     model_types: list[str] | None = setting(None, "model.config.model_type values this rule is limited to.")
 
