@@ -199,3 +199,17 @@ def test_a_plan_round_trips_through_json_and_a_malformed_one_is_refused():
         dstp.TensorParallelPlan.from_json(broken)
     with pytest.raises(TensorParallelError, match="malformed"):
         dstp.TensorParallelPlan.from_json("[1, 2")
+
+
+def test_a_config_with_unequal_fused_sub_parameters_plans_whole_gqa_heads():
+    """DeepSpeed's GQA form "shape": [[q_size, kv_size, kv_size], -1] read through dsconfig's schema."""
+    import dsconfig
+
+    section = dsconfig.load({"train_batch_size": 1, "tensor_parallel": {"autotp_size": 2, "partition_config": {
+        "layer_specs": [{"patterns": [r".*\.qkv_proj\.weight$"], "shape": [[32, 16, 16], -1],
+                         "partition_dim": 0}]}}}).tensor_parallel
+    specs = dstp.specs_from_config(section.partition_config)
+    qkv = ParamInfo("m.self_attn.qkv_proj.weight", (64, 32), "linear")
+    assert build_plan([qkv], specs, 2, GQA).params[qkv.name].parts == (32, 16, 16)
+    with pytest.raises(TensorParallelError, match="2 heads"):  # 2 key/value heads do not split over 4
+        build_plan([qkv], specs, 4, GQA)
