@@ -116,8 +116,18 @@ class DataAnalyzer:
         if self.num_threads == 1:
             self.run_map_helper(0)
             return
-        children = {thread: self._fork_thread(thread) for thread in threads}
+        # This process runs the last thread itself: one fork fewer (a fork copies the page tables of a process
+        # that may hold the whole dataset) and no core left idle waiting.
+        children = {thread: self._fork_thread(thread) for thread in threads[:-1]}
         failed = []
+        threads_before = torch.get_num_threads()
+        try:
+            torch.set_num_threads(1)
+            self.run_map_helper(threads[-1])
+        except Exception as exc:
+            failed.append(f"thread {threads[-1]} ({type(exc).__name__}: {exc})")
+        finally:
+            torch.set_num_threads(threads_before)
         for thread, pid in children.items():
             _, status = os.waitpid(pid, 0)
             if os.waitstatus_to_exitcode(status) != 0:
