@@ -145,3 +145,13 @@ def test_a_state_for_other_data_is_refused(index, tmp_path):
     state["clusters"][0]["size"] += 1
     with pytest.raises(DataEfficiencyError, match="index files"):
         moved.load_state_dict(state)
+
+
+def test_a_malformed_state_fails_by_name(index):
+    sampler = DataSampler(config(index, length=metric(index, "length")), SAMPLES, 4, 0, 1)
+    state = sampler.state_dict()
+    del state["clusters"]
+    with pytest.raises(DataEfficiencyError, match="malformed"):
+        sampler.load_state_dict(state)
+    with pytest.raises(DataEfficiencyError, match="version"):
+        sampler.load_state_dict({"version": 99})

@@ -209,8 +209,14 @@ class DataSampler:
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from `state_dict()`'s state: the clusters are rebuilt from the index files and must
-        come out as large as they were saved."""
-        state = copy.deepcopy(state)
+        come out as large as they were saved. A state of another shape fails with DataEfficiencyError."""
+        try:
+            self._load(copy.deepcopy(state))
+        except (KeyError, TypeError, AttributeError, IndexError) as exc:
+            raise DataEfficiencyError(f"data sampler state is malformed ({type(exc).__name__}: {exc}); it is not a "
+                                      f"DataSampler.state_dict() of this version") from None
+
+    def _load(self, state: dict) -> None:
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
             raise DataEfficiencyError(f"data sampler state: version {state.get('version') if isinstance(state, dict) else state!r} "
                                       f"is not {STATE_VERSION}")
