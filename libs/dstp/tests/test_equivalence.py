@@ -63,12 +63,13 @@ def train_and_compare(rank, world, family, overlap=False, vocab=False, batch=4, 
 
 
 # Mixtral's router takes its softmax in float32, so its routing weights carry float32 rounding.
-TOLERANCE = {"mixtral": 1e-5}
+TOLERANCE = {"mixtral": 1e-5, "deepseek_v2": 1e-5}
 # 4 ranks need 4 key/value heads: 8 query heads over 4 key/value heads keeps it grouped-query.
 WIDER = {"num_attention_heads": 8, "num_key_value_heads": 4}
 
 
-@pytest.mark.parametrize(("family", "world"), [(f, 2) for f in tiny_models.FAMILIES] + [("llama", 4), ("phi3", 4)])
+@pytest.mark.parametrize(("family", "world"), [(f, 2) for f in tiny_models.FAMILIES + tiny_models.MORE_FAMILIES]
+                         + [("llama", 4), ("phi3", 4)])
 def test_tp2_and_tp4_equal_one_process(family, world):
     results = run_ranks(train_and_compare, world, family, extra=WIDER if world == 4 else None, timeout=240)
     tolerance = TOLERANCE.get(family, 1e-10)
@@ -88,3 +89,24 @@ def test_phi3_by_its_own_base_model_tp_plan_gathers_and_splits_and_equals_one_pr
     """Without a preset Phi-3's own plan applies: qkv colwise_gather_output, o_proj rowwise_split_input."""
     for worst, sharded, _ in run_ranks(train_and_compare, 2, "phi3", preset=None, timeout=240):
         assert max(worst.values()) < 1e-10 and sharded == 8, worst
+
+
+def cut_latent_attention(rank, world):
+    import dsconfig
+
+    groups = dscomm.ParallelDims(world, tensor=world).build()
+    section = dsconfig.load({"train_batch_size": 1, "tensor_parallel": {"autotp_size": 2, "partition_config": {
+        "layer_specs": [{"patterns": [r".*\.self_attn\.(q_proj|kv_b_proj)\.weight$"], "partition_type": "column"},
+                        {"patterns": [r".*\.self_attn\.o_proj\.weight$"], "partition_type": "row"}]}}})
+    try:
+        dstp.parallelize(tiny_models.model("deepseek_v2"), groups.tensor,
+                         partition_config=section.tensor_parallel.partition_config)
+    except dstp.TensorParallelError as exc:
+        return str(exc)
+    return None
+
+
+def test_cutting_deepseek_latent_attention_heads_is_refused_by_name():
+    """One rotary key feeds every head: cut heads would leave its gradient partial, so it is refused."""
+    for message in run_ranks(cut_latent_attention, 2, timeout=120):
+        assert message is not None and "kv_a_proj_with_mqa" in message and "self_attn" in message

@@ -8,6 +8,7 @@ half-batch overlap). Every rank calls it with the same model; tensor rank 0's we
 from __future__ import annotations
 
 import copy
+import inspect
 import logging
 import types
 from dataclasses import dataclass, field
@@ -111,7 +112,8 @@ def parallelize(model: nn.Module, group: Any, plan: TensorParallelPlan | None = 
     _cut_parameters(model, plan, tensor_group)
     _swap_linears(model, plan, tensor_group)
     state.handles += _wrap_regions(model, plan, tensor_group)
-    _localize_attention(model, plan, tensor_group.size)
+    _refuse_shared_rotary_keys(model, plan)
+    state.handles += _localize_attention(model, plan, tensor_group)
     state.handles += _gradient_sums(model, plan, tensor_group)
     if any(p.kind == "vocab" for p in plan.params.values()):
         head = next(p for p in plan.params.values() if p.kind == "vocab")
@@ -184,10 +186,12 @@ def _wrap_regions(model: nn.Module, plan: TensorParallelPlan, tensor_group: Tens
     return handles
 
 
-def _localize_attention(model: nn.Module, plan: TensorParallelPlan, tp_size: int) -> None:
-    """Attention modules whose projections are cut by heads count their own heads only."""
+def _localize_attention(model: nn.Module, plan: TensorParallelPlan, tensor_group: TensorGroup) -> list[Any]:
+    """Attention modules whose projections are cut by heads count their own heads only; a per-head bias
+    built for all heads by the model (BLOOM's ALiBi) is sliced to this rank's heads on the way in."""
+    tp_size = tensor_group.size
     if tp_size == 1:
-        return
+        return []
     modules = _named_modules(model)
     attention = set()
     for pp in plan.params.values():
@@ -195,8 +199,10 @@ def _localize_attention(model: nn.Module, plan: TensorParallelPlan, tp_size: int
             owner = pp.name.rsplit(".", 2)[0]  # <attention>.<projection>.weight
             if owner in modules:
                 attention.add(owner)
+    handles = []
     for name in attention:
         module = modules[name]
+        full_heads = getattr(module, "num_heads", None)
         for attr in HEAD_COUNT_ATTRS:
             value = getattr(module, attr, None)
             if isinstance(value, int) and not isinstance(value, bool) and value % tp_size == 0:
@@ -209,6 +215,36 @@ def _localize_attention(model: nn.Module, plan: TensorParallelPlan, tp_size: int
                 if isinstance(value, int) and value % tp_size == 0:
                     setattr(local, attr, value // tp_size)
             module.config = local
+        if isinstance(full_heads, int) and "alibi" in inspect.signature(module.forward).parameters:
+            handles.append(module.register_forward_pre_hook(_alibi_slice(full_heads, tensor_group), with_kwargs=True))
+    return handles
+
+
+def _alibi_slice(full_heads: int, tensor_group: TensorGroup):
+    local = full_heads // tensor_group.size
+    first = tensor_group.rank * local
+
+    def hook(_module, args, kwargs):
+        alibi = kwargs.get("alibi")
+        if alibi is None or alibi.shape[0] % full_heads:
+            return None
+        batch = alibi.shape[0] // full_heads
+        mine = alibi.view(batch, full_heads, *alibi.shape[1:])[:, first:first + local]
+        return args, {**kwargs, "alibi": mine.reshape(batch * local, *alibi.shape[1:])}
+    return hook
+
+
+def _refuse_shared_rotary_keys(model: nn.Module, plan: TensorParallelPlan) -> None:
+    """Multi-head latent attention (DeepSeek-V2) feeds one rotary key, from a replicated projection, to every
+    head: with the heads cut, each rank's gradient of that key covers its heads only and would go unsummed."""
+    for name, module in _named_modules(model).items():
+        if hasattr(module, "kv_a_proj_with_mqa") and any(
+                pp.sharded and pp.name.startswith(f"{name}.") for pp in plan.params.values()):
+            raise TensorParallelError(f"{name}: multi-head latent attention shares one rotary key (from the "
+                                      f"replicated kv_a_proj_with_mqa) across its heads; cutting the heads needs "
+                                      f"that key's gradient summed over the tensor group, which dstp does not do "
+                                      f"yet. Keep self_attn whole (a skip rule for '{name}\\..*') and split the "
+                                      f"MLP and experts, or use autotp_size 1")
 
 
 def _gradient_sums(model: nn.Module, plan: TensorParallelPlan, tensor_group: TensorGroup) -> list[Any]:
@@ -246,8 +282,6 @@ def _install_overlap(model: nn.Module, tensor_group: TensorGroup) -> str:
 
 def _overlap_forward(body: nn.Module, tensor_group: TensorGroup) -> None:
     original = type(body).forward
-    import inspect
-
     takes_use_cache = "use_cache" in inspect.signature(original).parameters
 
     def forward(self, *args, **kwargs):

@@ -55,9 +55,8 @@ def preset_specs(name: str, geometry: ModelGeometry | None = None, key: str = "t
                 _spec([r".*\.block_sparse_moe\.experts\.\d+\.w[13]\.weight$"], "column", name),
                 _spec([r".*\.(mlp|block_sparse_moe)\.gate\.weight$"], "skip", name)]
     if name == "deepseek_v2":
-        return [_spec([r".*\.self_attn\.o_proj\.weight$"], "row", name),
-                _spec([r".*\.self_attn\.(q_a_proj|kv_a_proj_with_mqa)\.weight$"], "skip", name),
-                _spec([r".*\.self_attn\.(q_proj|q_b_proj|kv_b_proj)\.weight$"], "column", name),
+        # Multi-head latent attention stays whole: its one rotary key feeds every head (see apply.py).
+        return [_spec([r".*\.self_attn\..*"], "skip", name),
                 *_fused_experts(name),
                 *_dense_mlp(name, r".*\.mlp\.experts\.\d+"),
                 *_dense_mlp(name, r".*\.mlp\.shared_experts"),
