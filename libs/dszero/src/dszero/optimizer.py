@@ -47,8 +47,11 @@ class ZeroOptimizer:
     gradient_predivide_factor: divide local gradients by this before the reduction and multiply the
         result back after it (the reference's key: for fp16, a sum that would overflow stays in range).
     prescale_gradients: divide local gradients by the world size before the reduction (then summed).
-    communication_dtype: the dtype gradients are reduced in (the reference's communication_data_type);
-        None: the accumulation dtype. Stages 0-2.
+    grad_accum_dtype: the dtype gradients accumulate in over micro-steps (data_types.grad_accum_dtype);
+        None: the model's dtype. Every stage.
+    communication_dtype: the dtype gradients go over the wire in (communication_data_type); None:
+        the dtype they are reduced from (the accumulation dtype at stages 0-1, where the reduction
+        runs once at the step; the model's dtype at stages 2-3, which reduce each backward's gradients).
     norm_group: the ranks that decide together on the gradient norm, clipping and an fp16 overflow
         skip (default `group`). Give every rank of the model (pipeline stages, tensor shards) so that
         they clip by one norm and skip the same steps.
@@ -117,10 +120,6 @@ class ZeroOptimizer:
             raise ZeroConfigError(f"the module's parameters are partitioned (built inside dszero.Init, or wrapped by a "
                                   f"stage-3 ZeroOptimizer); zero_optimization.stage must be 3, not {self.stage}")
         if self.stage == 3:
-            if communication_dtype not in (None, self.precision.torch_dtype):
-                raise ZeroConfigError(f"communication_data_type {communication_dtype} differs from the model dtype "
-                                      f"{self.precision.torch_dtype}; at stage 3 gradients are reduce-scattered in the "
-                                      f"model dtype: leave communication_data_type out, or use stage 0-2")
             if optimizer.state:
                 raise ZeroError("the optimizer already has state (it has stepped); wrap it in ZeroOptimizer first")
             self._check_dtypes(optimizer)
@@ -132,7 +131,8 @@ class ZeroOptimizer:
                                   homes=self.param_homes, reuse=self._reuse_policy(), prefetch=self._prefetch_plan(),
                                   master_device=torch.device("cpu") if self.offload else None,
                                   pin_master=bool(self.offload and offload.pin_memory),
-                                  own_master=self.offload)  # offloaded masters get their own host buffers
+                                  own_master=self.offload,  # offloaded masters get their own host buffers
+                                  grad_dtype=grad_accum_dtype, wire_dtype=communication_dtype)
             self.groups = self.reducer.units
             # norm_replicas needs no group of its own: each unit counts its replicas in the norm (tensor parallel).
             unit_of = {id(unit.master_param): unit for unit in self.groups}
@@ -257,14 +257,11 @@ class ZeroOptimizer:
     def _make_reducer(self, average: bool):
         if self.stage <= 1:
             return FlatReducer(self.groups, partition=self.stage == 1, average=average,
-                               comm_dtype=self.communication_dtype)
-        if self.grad_accum_dtype and self.communication_dtype and self.grad_accum_dtype != self.communication_dtype:
-            raise ZeroConfigError(f"at stage 2 gradients are reduced in their accumulation dtype: "
-                                  f"communication_data_type ({self.communication_dtype}) must equal "
-                                  f"data_types.grad_accum_dtype ({self.grad_accum_dtype}) or be left out")
-        grad_dtype = self.grad_accum_dtype or self.communication_dtype or self.precision.torch_dtype
+                               comm_dtype=self.communication_dtype, accum_dtype=self.grad_accum_dtype)
+        grad_dtype = self.grad_accum_dtype or self.precision.torch_dtype
         bucket = self.config.reduce_bucket_size
-        return BucketReducer(self.groups, bucket, self.config.overlap_comm, average, grad_dtype)
+        return BucketReducer(self.groups, bucket, self.config.overlap_comm, average, grad_dtype,
+                             wire_dtype=self.communication_dtype)
 
     # ------------------------------------------------------------------ training
     @property

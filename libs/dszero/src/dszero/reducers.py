@@ -24,26 +24,41 @@ from .wire import reduce_scatter
 
 
 class FlatReducer:
-    """Stages 0 and 1: `.grad` of every parameter is a view of one flat buffer per group.
+    """Stages 0 and 1: gradients accumulate in one flat buffer per group.
 
-    Gradients accumulate in those buffers over any number of backward passes and are reduced only at
-    the step, so the gradient-sync controls have nothing to hold back here.
+    In the model's dtype, `.grad` of every parameter is a view of that buffer. In another
+    accumulation dtype (data_types.grad_accum_dtype, e.g. fp32 for a bf16 model), each backward's
+    `.grad` is added into the buffer as soon as autograd has it and then dropped, as DeepSpeed's bf16
+    optimizer does. The buffers are reduced only at the step (in `comm_dtype`, default their own
+    dtype), so the gradient-sync controls have nothing to hold back here.
     """
 
-    def __init__(self, groups: list[FlatGroup], partition: bool, average: bool, comm_dtype: torch.dtype | None = None):
+    def __init__(self, groups: list[FlatGroup], partition: bool, average: bool, comm_dtype: torch.dtype | None = None,
+                 accum_dtype: torch.dtype | None = None):
         self.groups = groups
         self.comm_dtype = comm_dtype
         self.partition = partition
         self.average = average
         self.grad_flats = []
+        self.hooks = []
+        self.fold_into: dict[int, torch.Tensor] = {}  # id(param) -> its slice of an accumulation buffer
         for group in groups:
-            flat = torch.zeros_like(group.model_flat)
+            folding = accum_dtype not in (None, group.dtype)
+            flat = torch.zeros_like(group.model_flat, dtype=accum_dtype if folding else group.dtype)
             for param, slot in zip(group.params, group.layout.slots):
-                param.grad = flat[slot.offset:slot.end].view(slot.shape)
+                if folding:
+                    self.fold_into[id(param)] = flat[slot.offset:slot.end]
+                    self.hooks.append(param.register_post_accumulate_grad_hook(weakly(self._fold)))
+                else:
+                    param.grad = flat[slot.offset:slot.end].view(slot.shape)
             self.grad_flats.append(flat)
         # reduce-scatter's output must not alias its input: one shard-sized buffer per group.
-        self.shard_outs = [torch.zeros(g.shard_numel, dtype=g.dtype, device=g.model_flat.device)
-                           for g in groups] if partition else []
+        self.shard_outs = [torch.zeros(g.shard_numel, dtype=f.dtype, device=g.model_flat.device)
+                           for g, f in zip(groups, self.grad_flats)] if partition else []
+
+    def _fold(self, param: torch.nn.Parameter) -> None:
+        self.fold_into[id(param)].add_(param.grad.reshape(-1))  # cast into the accumulation dtype
+        param.grad = None
 
     def set_sync(self, enabled: bool) -> None:
         pass  # nothing is communicated before the step anyway
@@ -52,7 +67,7 @@ class FlatReducer:
         pass
 
     def reduce(self) -> list[torch.Tensor]:
-        """This rank's reduced gradient shard of each group (model dtype)."""
+        """This rank's reduced gradient shard of each group (in its accumulation dtype)."""
         shards = []
         for group, flat in zip(self.groups, self.grad_flats):
             self._reattach(group, flat)
@@ -84,8 +99,14 @@ class FlatReducer:
 
     def _reattach(self, group: FlatGroup, flat: torch.Tensor) -> None:
         # A user's zero_grad(set_to_none=True) or an optimizer may have replaced .grad: fold it back.
+        folding = flat.dtype != group.dtype
         for param, slot in zip(group.params, group.layout.slots):
             view = flat[slot.offset:slot.end].view(slot.shape)
+            if folding:
+                if param.grad is not None:  # set by hand, outside a backward pass
+                    view.add_(param.grad)
+                    param.grad = None
+                continue
             if param.grad is None:
                 view.zero_()
             elif param.grad.data_ptr() != view.data_ptr():
@@ -94,6 +115,9 @@ class FlatReducer:
 
     def zero(self) -> None:
         for group, flat in zip(self.groups, self.grad_flats):
+            if flat.dtype != group.dtype:
+                for param in group.params:
+                    param.grad = None
             flat.zero_()
             self._reattach(group, flat)
 
@@ -102,6 +126,10 @@ class FlatReducer:
 
     def comm_buffer_bytes(self) -> int:
         return sum(o.numel() * o.element_size() for o in self.shard_outs)
+
+    def remove(self) -> None:
+        for hook in self.hooks:
+            hook.remove()
 
 
 class _Bucket:
@@ -135,7 +163,9 @@ class BucketReducer:
     """
 
     def __init__(self, groups: list[FlatGroup], bucket_numel: int, overlap: bool, average: bool,
-                 grad_dtype: torch.dtype):
+                 grad_dtype: torch.dtype, wire_dtype: torch.dtype | None = None):
+        """grad_dtype: what this rank's shard accumulates in (data_types.grad_accum_dtype); wire_dtype: what
+        each bucket is reduced in (communication_data_type; None: the model's dtype, as DeepSpeed's default)."""
         self.groups = groups
         self.average = average
         self.overlap = overlap
@@ -158,9 +188,11 @@ class BucketReducer:
             if pending:
                 self._add_bucket(group_index, pending, group)
         largest = max((b.numel for b in self.buckets), default=0)
-        dtype = groups[0].dtype if groups else torch.float32
+        self.wire_dtype = wire_dtype or (groups[0].dtype if groups else torch.float32)
         device = groups[0].model_flat.device if groups else torch.device("cpu")
-        self.staging = [torch.zeros(largest, dtype=dtype, device=device) for _ in range(2 if overlap else 1)]
+        # The staging buffers are what goes over the wire; each piece is cast into them as it is copied.
+        self.staging = [torch.zeros(largest, dtype=self.wire_dtype, device=device)
+                        for _ in range(2 if overlap else 1)]
         self.turn = 0
         self.in_flight: list[tuple[_Bucket, torch.Tensor, list[Any]]] = []
         self.launcher = InOrderLauncher([len(b.params) for b in self.buckets],
@@ -246,7 +278,7 @@ class BucketReducer:
             cursor = seg_lo
             for _index, start, end, flat_pos in pieces:
                 size = end - start
-                shard[flat_pos - lo: flat_pos - lo + size].add_(staging[cursor:cursor + size])
+                shard[flat_pos - lo: flat_pos - lo + size].add_(staging[cursor:cursor + size])  # to grad_dtype
                 cursor += size
 
     def finish(self) -> None:

@@ -205,8 +205,13 @@ class Stage3:
     def __init__(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer, group: Any, master_dtype,
                  persistence_threshold: int, average: bool, homes: Any = None, reuse: ReusePolicy | None = None,
                  master_device: torch.device | None = None, pin_master: bool = False, own_master: bool = False,
-                 prefetch: PrefetchPlan | None = None):
+                 prefetch: PrefetchPlan | None = None, grad_dtype: torch.dtype | None = None,
+                 wire_dtype: torch.dtype | None = None):
+        """grad_dtype: what each unit's gradient shard accumulates in (None: the model's dtype); wire_dtype:
+        what gradients are reduce-scattered in (communication_data_type; None: the model's dtype)."""
         self.group = group
+        self.grad_dtype = grad_dtype
+        self.wire_dtype = wire_dtype
         self.world = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         self.average = average
@@ -242,6 +247,8 @@ class Stage3:
                 numel = sum(full_numel(p) for p in params)
                 unit = Unit(submodule, params, [names[id(p)] for p in params], self.world, self.rank, master_dtype,
                             numel < persistence_threshold, group, homes, master_device, pin_master, own_master)
+                if grad_dtype not in (None, unit.dtype):
+                    unit.grad_shard = unit.grad_shard.to(grad_dtype)
                 self.units.append(unit)
                 per_group[index].append(unit)
                 for p in params:
@@ -344,13 +351,14 @@ class Stage3:
         self.in_forward.clear()
 
     def _reduce(self, unit: Unit) -> None:
-        flat = torch.zeros(unit.layout.padded_numel, dtype=unit.dtype, device=unit.grad_shard.device)
+        # Gradients are cast into the wire dtype as they are copied, and into the shard's as they are added.
+        flat = torch.zeros(unit.layout.padded_numel, dtype=self.wire_dtype or unit.dtype, device=unit.grad_shard.device)
         for param, slot in zip(unit.params, unit.layout.slots):
             if param.grad is not None:
                 flat[slot.offset:slot.end].copy_(param.grad.reshape(-1))
                 param.grad = None
         if self.world > 1:
-            out = torch.empty_like(unit.grad_shard)
+            out = torch.empty(unit.grad_shard.numel(), dtype=flat.dtype, device=flat.device)
             unit.grad_shard.add_(reduce_scatter(out, flat, self.group, average=self.average,
                                                 log_name="zero3_reduce_scatter"))
         else:
