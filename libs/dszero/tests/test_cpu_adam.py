@@ -282,7 +282,7 @@ def test_fallback_is_announced_once(monkeypatch):
 
 
 def test_deepspeed_name_and_amsgrad_refused():
-    assert DeepSpeedCPUAdam is CPUAdam
+    assert issubclass(DeepSpeedCPUAdam, CPUAdam)
     with pytest.raises(ZeroConfigError, match="amsgrad"):
         CPUAdam([torch.nn.Parameter(torch.ones(2))], amsgrad=True)
 
@@ -294,10 +294,40 @@ def test_invalid_hyperparameters_listed_together():
     assert "lr=-1.0" in message and "betas=(0.9, 1.0)" in message and "weight_decay=-0.1" in message
 
 
-@pytest.mark.parametrize("bad", [torch.ones(2, dtype=torch.float16), torch.ones(2, device="meta")])
-def test_optimizer_refuses_params_it_cannot_update(bad):
-    with pytest.raises(ZeroConfigError, match=r"param_groups\[0\]\['params'\]\[1\].*float32 CPU"):
-        CPUAdam([torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(bad)])
+@pytest.mark.parametrize("bad", [torch.ones(2, dtype=torch.float64), torch.ones(2, device="meta")])
+def test_optimizer_refuses_at_the_step_params_it_cannot_update(bad):
+    # Built over device parameters is fine (ZeRO rebinds the groups to CPU masters); stepping them is not.
+    params = [torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(bad)]
+    opt = CPUAdam(params)
+    for p in params:
+        p.grad = torch.ones_like(p)
+    with pytest.raises(ZeroConfigError, match=r"param_groups\[0\]\['params'\]\[1\].*float16 CPU"):
+        opt.step()
+
+
+@pytest.mark.parametrize("low_dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("fp32_states", [True, False])
+def test_low_precision_params_step_through_float32_with_the_chosen_state_dtype(backend, low_dtype, fp32_states):
+    """ZeRO's bf16/fp16 master weights: moments in fp32 (the default) or in the parameter's dtype, and the
+    parameter is the float32 update rounded once, the same as AdamW on a float32 copy rounded."""
+    if backend == "native" and low_dtype == torch.float16 and not fp32_states:
+        pytest.skip("fp16 moments run on the fallback path only")
+    start = _params([1000])[0].to(low_dtype)
+    ours = torch.nn.Parameter(start.clone())
+    ref = torch.nn.Parameter(start.float())
+    opt = CPUAdam([ours], lr=1e-2, weight_decay=0.01, fp32_optimizer_states=fp32_states)
+    ref_opt = torch.optim.AdamW([ref], lr=1e-2, weight_decay=0.01)
+    grad = _grads([1000], 0)[0]
+    ours.grad, ref.grad = grad.to(low_dtype), grad.to(low_dtype).float()
+    opt.step()
+    ref_opt.step()
+    state = opt.state[ours]
+    assert ours.dtype == low_dtype
+    assert state["exp_avg"].dtype == state["exp_avg_sq"].dtype == (torch.float32 if fp32_states else low_dtype)
+    one_rounding = 2.0**-7 if low_dtype == torch.bfloat16 else 2.0**-10
+    torch.testing.assert_close(ours.float(), ref.detach(), rtol=one_rounding, atol=1e-6)
+    if fp32_states:
+        torch.testing.assert_close(state["exp_avg"], ref_opt.state[ref]["exp_avg"], **FP32)
 
 
 def _flat(n=8, dtype=torch.float32):

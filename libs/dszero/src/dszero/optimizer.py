@@ -27,6 +27,7 @@ from .flat import FlatGroup
 from .layout import GroupLayout
 from .offload.optimizer_swap import SwappedStep
 from .offload.param_homes import ParamHomes
+from .ops.cpu_adam import CPUAdam
 from .precision import Precision
 from .prefetch import PrefetchPlan
 from .reducers import BucketReducer, FlatReducer
@@ -160,6 +161,27 @@ class ZeroOptimizer:
                                   f"needs stage 1, 2 or 3 (stage is 0)")
         if self.precision.dtype == "fp32" and self.precision.master_dtype != "fp32":
             raise ZeroConfigError("low-precision master weights need fp16 or bf16 training")
+        self._check_state_dtype()
+
+    def _check_state_dtype(self) -> None:
+        """Low-precision masters keep fp32 optimizer states only through CPUAdam (torch's optimizers make
+        their state in the parameter's dtype), as the reference requires DeepSpeedCPUAdam for it."""
+        master, states = self.precision.master_dtype, self.precision.optimizer_state_dtype
+        if master not in ("bf16", "fp16"):
+            return
+        key = f"{master}.{master}_master_weights_and_grads"
+        if isinstance(self.optimizer, CPUAdam):
+            wrong = [i for i, g in enumerate(self.optimizer.param_groups)
+                     if g.get("fp32_optimizer_states", True) != (states == "fp32")]
+            if wrong:
+                raise ZeroConfigError(f"{key} with {states} optimizer states, but CPUAdam param group(s) {wrong} have "
+                                      f"fp32_optimizer_states={states != 'fp32'}; build it with "
+                                      f"fp32_optimizer_states={states == 'fp32'}")
+        elif states == "fp32":
+            raise ZeroConfigError(f"{key} keeps the optimizer states in fp32 only with dszero.ops.CPUAdam under "
+                                  f"offload_optimizer (a {type(self.optimizer).__name__} would make them {master}); "
+                                  f"use CPUAdam (the config's Adam/AdamW is built as one), or keep the states in "
+                                  f"bf16 (bf16.bf16_optimizer_states: true)")
 
     def _take_group_settings(self, optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
         """Each param group's process group, divisor and norm replicas (removed from the group)."""

@@ -3,7 +3,6 @@
     opt = dszero.ops.CPUAdam(model.parameters(), lr=1e-3, weight_decay=0.01)  # AdamW by default
 """
 
-from ..errors import ZeroConfigError
 from .cpu_adam import CPUAdam, cpu_adam_step, native_available
 from .fused_adam import FusedAdam
 
@@ -14,10 +13,8 @@ class DeepSpeedCPUAdam(CPUAdam):
     def __init__(self, model_params, lr: float = 1e-3, bias_correction: bool = True,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
                  amsgrad: bool = False, adamw_mode: bool = True, fp32_optimizer_states: bool = True):
-        if not fp32_optimizer_states:
-            raise ZeroConfigError("DeepSpeedCPUAdam(fp32_optimizer_states=False): CPUAdam keeps float32 states of "
-                                  "float32 parameters only; leave it True")
         super().__init__(model_params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
-                         adamw_mode=adamw_mode, bias_correction=bias_correction)
+                         adamw_mode=adamw_mode, bias_correction=bias_correction,
+                         fp32_optimizer_states=fp32_optimizer_states)
 
 __all__ = ["CPUAdam", "DeepSpeedCPUAdam", "FusedAdam", "cpu_adam_step", "native_available"]

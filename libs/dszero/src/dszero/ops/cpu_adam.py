@@ -147,16 +147,22 @@ def _foreach_adam(params: list[torch.Tensor], grads: list[torch.Tensor], exp_avg
 
 
 class CPUAdam(torch.optim.Optimizer):
-    """Adam/AdamW on float32 CPU parameters with the fused native kernel (DeepSpeed's DeepSpeedCPUAdam).
+    """Adam/AdamW on CPU parameters with the fused native kernel (DeepSpeed's DeepSpeedCPUAdam).
 
     adamw_mode=True (the default) decays weights decoupled from the gradient, as torch.optim.AdamW;
     False adds weight_decay * param to the gradient, as torch.optim.Adam. The state layout (step,
     exp_avg, exp_avg_sq) is torch.optim.Adam's, so state dicts move between the two.
+
+    Parameters are float32, or bfloat16 / float16 (ZeRO's low-precision master weights): those are
+    updated through a float32 copy and rounded once. fp32_optimizer_states=True (the default) keeps
+    the moments in float32 whatever the parameter's dtype; False keeps them in the parameter's dtype
+    (bf16_optimizer_states). It may be built over device parameters: ZeRO rebinds its groups to the
+    offloaded CPU masters before the first step, and a step on anything else is refused by name.
     """
 
     def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.0, amsgrad: bool = False, adamw_mode: bool = True,
-                 bias_correction: bool = True):
+                 bias_correction: bool = True, fp32_optimizer_states: bool = True):
         if amsgrad:
             raise ZeroConfigError("CPUAdam: amsgrad=True is not supported (nor is it by DeepSpeed's CPU Adam); "
                                   "use amsgrad=False, or torch.optim.Adam(amsgrad=True) without the fused kernel")
@@ -172,17 +178,15 @@ class CPUAdam(torch.optim.Optimizer):
         if problems:
             raise ZeroConfigError("CPUAdam: invalid " + "; ".join(problems))
         defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay, "amsgrad": False,
-                    "adamw_mode": adamw_mode, "bias_correction": bias_correction}
+                    "adamw_mode": adamw_mode, "bias_correction": bias_correction,
+                    "fp32_optimizer_states": fp32_optimizer_states}
         super().__init__(params, defaults)
 
-    def add_param_group(self, param_group: dict) -> None:
-        super().add_param_group(param_group)
-        index = len(self.param_groups) - 1
-        for i, p in enumerate(self.param_groups[-1]["params"]):
-            if p.device.type != "cpu" or p.dtype != torch.float32:
-                raise ZeroConfigError(f"CPUAdam: param_groups[{index}]['params'][{i}] has {_describe(p)}; "
-                                      "CPUAdam updates float32 CPU parameters only (ZeRO's offloaded master "
-                                      "weights); for device parameters use a device optimizer")
+    def _check_param(self, index: int, position: int, p: torch.Tensor) -> None:
+        if p.device.type != "cpu" or p.dtype not in _CODES:
+            raise ZeroConfigError(f"CPUAdam: param_groups[{index}]['params'][{position}] has {_describe(p)}; "
+                                  "CPUAdam updates float32, bfloat16 or float16 CPU parameters (ZeRO's offloaded "
+                                  "master weights); for device parameters use a device optimizer")
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -192,39 +196,48 @@ class CPUAdam(torch.optim.Optimizer):
                 loss = closure()
         kernel = _kernel()
         threads = torch.get_num_threads()
-        for group in self.param_groups:
+        for index, group in enumerate(self.param_groups):
             beta1, beta2 = group["betas"]
             lr, eps, weight_decay = group["lr"], group["eps"], group["weight_decay"]
             adamw_mode = group.get("adamw_mode", self.defaults["adamw_mode"])
             bias_correction = group.get("bias_correction", self.defaults["bias_correction"])
-            rest: tuple[list, list, list, list, list] = ([], [], [], [], [])  # for the foreach path
-            for p in group["params"]:
+            fp32_states = group.get("fp32_optimizer_states", self.defaults["fp32_optimizer_states"])
+            rest: tuple[list, ...] = ([], [], [], [], [], [])  # for the foreach path
+            for position, p in enumerate(group["params"]):
                 if p.grad is None:
                     continue
+                self._check_param(index, position, p)
                 if p.grad.is_sparse:
                     raise ZeroConfigError("CPUAdam: sparse gradients are not supported; use torch.optim.SparseAdam")
                 state = self.state[p]
                 if not state:
                     # torch.optim.Adam's layout, so state dicts load into either optimizer.
+                    state_dtype = torch.float32 if fp32_states else p.dtype
                     state["step"] = torch.zeros((), dtype=torch.float32)
-                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    state["exp_avg"] = torch.zeros_like(p, dtype=state_dtype, memory_format=torch.preserve_format)
+                    state["exp_avg_sq"] = torch.zeros_like(p, dtype=state_dtype, memory_format=torch.preserve_format)
                 elif not torch.is_tensor(state["step"]):
                     state["step"] = torch.tensor(float(state["step"]), dtype=torch.float32)
                 state["step"] += 1
                 step = int(state["step"].item())
                 exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+                # A low-precision parameter is updated in a float32 copy and written back rounded, in one pass.
+                low = p if p.dtype != torch.float32 else None
+                work = p.float() if low is not None else p
+                grad = p.grad if p.grad.dtype in _STATE_DTYPES else p.grad.float()
                 native_ok = (kernel is not None and p.is_contiguous() and exp_avg.is_contiguous()
-                             and exp_avg_sq.is_contiguous())
+                             and exp_avg_sq.is_contiguous() and exp_avg.dtype in _STATE_DTYPES
+                             and exp_avg_sq.dtype == exp_avg.dtype)
                 if native_ok:
-                    grad = p.grad if p.grad.is_contiguous() else p.grad.contiguous()
-                    kernel.adam_step(p.data_ptr(), grad.data_ptr(), 0, exp_avg.data_ptr(), exp_avg_sq.data_ptr(),
-                                     0, 0, _NO_COPY, p.numel(), step, lr, beta1, beta2, eps, weight_decay,
-                                     adamw_mode, bias_correction, threads)
-                else:  # no kernel, or a strided param (channels_last...) the flat kernel cannot walk
-                    for items, item in zip(rest, (p, p.grad, exp_avg, exp_avg_sq, step)):
+                    grad = grad if grad.is_contiguous() else grad.contiguous()
+                    kernel.adam_step(work.data_ptr(), grad.data_ptr(), _CODES[grad.dtype], exp_avg.data_ptr(),
+                                     exp_avg_sq.data_ptr(), _CODES[exp_avg.dtype],
+                                     0 if low is None else low.data_ptr(), _NO_COPY if low is None else _CODES[low.dtype],
+                                     p.numel(), step, lr, beta1, beta2, eps, weight_decay, adamw_mode,
+                                     bias_correction, threads)
+                else:  # no kernel, a strided param (channels_last...) the flat kernel cannot walk, or fp16 moments
+                    for items, item in zip(rest, (work, grad, exp_avg, exp_avg_sq, step, low)):
                         items.append(item)
             if rest[0]:
-                _foreach_adam(*rest, lr, beta1, beta2, eps, weight_decay, adamw_mode, bias_correction,
-                              [None] * len(rest[0]))
+                _foreach_adam(*rest[:5], lr, beta1, beta2, eps, weight_decay, adamw_mode, bias_correction, rest[5])
         return loss
