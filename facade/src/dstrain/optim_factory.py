@@ -1,6 +1,8 @@
 """Turn the config's `optimizer` and `scheduler` sections into objects.
 
-Adam / AdamW are torch's (DeepSpeed's fused kernels compute the same update); Lamb and Muon are
+Adam / AdamW are torch's (DeepSpeed's fused kernels compute the same update), and under CPU/NVMe
+optimizer offload dszero's fused CPUAdam, as DeepSpeed selects DeepSpeedCPUAdam (torch_adam: true
+keeps torch's); Lamb and Muon are
 dstrain.ops; any other name is the torch.optim (or torch.optim.lr_scheduler) class of that name.
 For Muon, given the model, the parameters are first tagged by DeepSpeed's rules (ops/muon_params.py:
 which take Muon, and with per_head_muon which are split per attention head).
@@ -31,14 +33,19 @@ __all__ = ["build_optimizer", "build_scheduler"]
 
 
 def build_optimizer(config: dsconfig.OptimizerConfig, params_or_groups: Iterable[Any],
-                    model: torch.nn.Module | None = None) -> torch.optim.Optimizer:
+                    model: torch.nn.Module | None = None, *, offloaded: bool = False,
+                    fp32_optimizer_states: bool = True) -> torch.optim.Optimizer:
     """The optimizer `config.type` names, over the parameters (or param-group dicts) given; `model`
-    (the module they belong to) lets Muon tag its parameters by name and shape first."""
+    (the module they belong to) lets Muon tag its parameters by name and shape first. `offloaded`: the
+    step runs on the CPU (zero_optimization.offload_optimizer), where Adam / AdamW are dszero's CPUAdam
+    with fp32 moments or, given fp32_optimizer_states=False, moments in the master weights' dtype."""
     name = config.type
     params = dict(config.params)
     _refuse_auto("optimizer", params)
     lowered = name.lower()
-    if lowered in ("adam", "adamw"):
+    if lowered in ("adam", "adamw") and offloaded and params.get("torch_adam") is not True:
+        cls, params = _cpu_adam(lowered == "adamw", params, fp32_optimizer_states)
+    elif lowered in ("adam", "adamw"):
         cls, params = _adam(lowered == "adamw", params)
     elif lowered == "lamb":
         cls = Lamb
@@ -79,6 +86,17 @@ def _adam(named_adamw: bool, params: dict) -> tuple[type, dict]:
                                   False))
     params.setdefault("weight_decay", 0.0)  # FusedAdam's default; torch's AdamW would decay by 0.01
     return (torch.optim.AdamW if named_adamw or adam_w_mode else torch.optim.Adam), params
+
+
+def _cpu_adam(named_adamw: bool, params: dict, fp32_optimizer_states: bool) -> tuple[type, dict]:
+    from dszero.ops import CPUAdam
+
+    # DeepSpeed: type AdamW is always decoupled; type Adam is decoupled unless adam_w_mode is false.
+    params["adamw_mode"] = params.pop("adam_w_mode", True) or named_adamw
+    params.pop("torch_adam", None)
+    params.pop("set_grad_none", None)
+    params["fp32_optimizer_states"] = fp32_optimizer_states
+    return CPUAdam, params
 
 
 def _tag_for_muon(model: torch.nn.Module, per_head: bool) -> None:
