@@ -149,7 +149,10 @@ def _basic_optimizer(config: DeepSpeedConfig, client: Any, params: Any,
             return None
         from .optim_factory import build_optimizer
 
-        return build_optimizer(section, params, model=model)  # the model: Muon tags its parameters by name
+        # The model: Muon tags its parameters by name. Offloaded, Adam's step is dszero's CPU Adam.
+        return build_optimizer(section, params, model=model,
+                               offloaded=config.zero_optimization.optimizer_offload_device != "none",
+                               fp32_optimizer_states=not config.bf16.bf16_optimizer_states)
     if isinstance(client, torch.optim.Optimizer):
         return client
     if callable(client):
