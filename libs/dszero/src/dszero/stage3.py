@@ -46,6 +46,8 @@ class Unit:
     the master weights on `master_device`, shared with the shard when dtype and place agree.
     """
 
+    routes: Any = None  # ZeRO++ (zeropp/): how forward/backward gathers travel; None: the plain all-gather
+
     def __init__(self, module: torch.nn.Module, params: list[torch.nn.Parameter], names: list[str], world: int,
                  rank: int, master_dtype: torch.dtype, persistent: bool, group: Any, homes: Any = None,
                  master_device: torch.device | None = None, pin_master: bool = False, own_master: bool = False,
@@ -102,30 +104,35 @@ class Unit:
     def shard_numel(self) -> int:
         return self.layout.shard_numel
 
-    def gather(self) -> None:
-        """Whole parameters now (waiting for a prefetch in flight)."""
+    def gather(self, compute: bool = False) -> None:
+        """Whole parameters now (waiting for a prefetch in flight). compute: for forward or backward, which
+        ZeRO++ may serve quantized or from the node; otherwise the exact weights."""
         if self.pending is not None:
             self._finish()
         if not self.gathered:
-            self._start(async_op=False)
+            self._start(async_op=False, compute=compute)
 
     def gather_async(self) -> None:
-        """Launch the all-gather and return; the next gather() (or release()) waits for it."""
+        """Launch the all-gather (for compute) and return; the next gather() (or release()) waits for it."""
         if not self.gathered:
             self.prefetch_count += 1
-            self._start(async_op=True)
+            self._start(async_op=True, compute=True)
 
     @property
     def resident(self) -> bool:
         """Gathered, with nothing in flight."""
         return self.gathered and self.pending is None
 
-    def _start(self, async_op: bool) -> None:
+    def _start(self, async_op: bool, compute: bool = False) -> None:
         storage = self.model_flat.untyped_storage()
         storage.resize_(self.layout.padded_numel * self.model_flat.element_size())
         self.gather_count += 1
-        shard = self.home.fetch()
-        self.pending = gather_shards(self.model_flat, shard, self.group, async_op=async_op, log_name="zero3_gather")
+        if compute and self.routes is not None:
+            self.pending = self.routes.gather(self, async_op=async_op)
+        else:
+            shard = self.home.fetch()
+            self.pending = gather_shards(self.model_flat, shard, self.group, async_op=async_op,
+                                         log_name="zero3_gather")
         if self.pending is None:
             self.home.done()
         for param, slot in zip(self.params, self.layout.slots):
@@ -151,6 +158,8 @@ class Unit:
 
     def update_from_full(self) -> None:
         """After a gathered parameter was modified in place: take this rank's shard from the full buffer."""
+        if self.routes is not None:
+            self.routes.weights_changed(self)
         lo, hi = self.layout.shard_range(self.shard_rank)
         values = self.model_flat[lo:hi]
         self.home.store(values)
@@ -166,6 +175,8 @@ class Unit:
 
     def refresh(self) -> None:
         """Re-gather a unit that stays gathered (persistent), so it shows the updated weights."""
+        if self.routes is not None:
+            self.routes.weights_changed(self)
         if self.gathered:
             if self.pending is not None:
                 self._finish()
@@ -201,6 +212,8 @@ def copy_full_value(param: torch.Tensor, target: torch.Tensor) -> None:
 
 class Stage3:
     """The hooks that gather, release and reduce, and the units they act on."""
+
+    routes: Any = None  # ZeRO++ (zeropp/): how gradients are reduced; None: the plain reduce-scatter
 
     def __init__(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer, group: Any, master_dtype,
                  persistence_threshold: int, average: bool, homes: Any = None, reuse: ReusePolicy | None = None,
@@ -292,7 +305,7 @@ class Stage3:
                 if self.read_ahead is not None:
                     self.read_ahead.on_need(id(unit), unit.layout.padded_numel, forward)
         for unit in units:
-            unit.gather()
+            unit.gather(compute=True)
         self._gather_ahead()
 
     def _state(self, key: int) -> int:
@@ -359,8 +372,11 @@ class Stage3:
                 param.grad = None
         if self.world > 1:
             out = torch.empty(unit.grad_shard.numel(), dtype=flat.dtype, device=flat.device)
-            unit.grad_shard.add_(reduce_scatter(out, flat, self.group, average=self.average,
-                                                log_name="zero3_reduce_scatter"))
+            if self.routes is not None:
+                unit.grad_shard.add_(self.routes.reduce_scatter(unit, out, flat, average=self.average))
+            else:
+                unit.grad_shard.add_(reduce_scatter(out, flat, self.group, average=self.average,
+                                                    log_name="zero3_reduce_scatter"))
         else:
             unit.grad_shard.add_(flat)
         unit.release()
@@ -389,7 +405,8 @@ class Stage3:
         return sum(u.grad_shard.numel() * u.grad_shard.element_size() for u in self.units)
 
     def comm_buffer_bytes(self) -> int:
-        return sum(u.gathered_bytes() for u in self.units)
+        held = self.routes.buffer_bytes() if self.routes is not None else 0  # ZeRO++'s secondary copies
+        return held + sum(u.gathered_bytes() for u in self.units)
 
 
 class GatheredParameters:
