@@ -36,6 +36,8 @@ from .stage3 import Stage3
 from .steps import InMemoryStep
 from .whole_tensors import TensorShards, steps_on_shards
 from .wire import gather_shards
+from .zeropp import ZeroPPSettings
+from .zeropp import attach as attach_zeropp
 
 
 class ZeroOptimizer:
@@ -56,6 +58,8 @@ class ZeroOptimizer:
     norm_group: the ranks that decide together on the gradient norm, clipping and an fp16 overflow
         skip (default `group`). Give every rank of the model (pipeline stages, tensor shards) so that
         they clip by one norm and skip the same steps.
+    zeropp: how ZeRO++ quantizes (`dszero.ZeroPPSettings`: block sizes, bits, error feedback); the
+        config's zero_hpz_partition_size / zero_quantized_weights / zero_quantized_gradients turn it on.
 
     Parameter groups may carry (popped at wrap time, so the optimizer's own groups stay plain data):
     "process_group": partition and reduce this group over it instead of `group` (e.g. experts over
@@ -76,7 +80,8 @@ class ZeroOptimizer:
                  *, precision: Precision | str | None = None, gradient_clipping: float = 0.0, group: Any = None,
                  aio: Any = None, gradient_average: bool = True, grad_accum_dtype: torch.dtype | None = None,
                  gradient_predivide_factor: float = 1.0, prescale_gradients: bool = False,
-                 communication_dtype: torch.dtype | None = None, norm_group: Any = None):
+                 communication_dtype: torch.dtype | None = None, norm_group: Any = None,
+                 zeropp: ZeroPPSettings | None = None):
         # Every "auto" tuning knob becomes dsconfig's number: the one table all libraries share.
         self.config = resolve_auto(config or ZeroConfig())
         self.stage = self.config.stage
@@ -145,6 +150,7 @@ class ZeroOptimizer:
             self.groups = self._flatten(module, optimizer)
             self._broadcast_initial_weights()
             self.reducer = self._make_reducer(gradient_average)
+        self.zeropp = attach_zeropp(self, zeropp)  # ZeRO++'s routes for stage 3's gathers and reductions
         # Optimizers that need whole tensors step on the shards through this (whole_tensors.py).
         self.tensor_shards = TensorShards(self.groups) if steps_on_shards(optimizer) else None
         self.stepper = self._make_stepper()
