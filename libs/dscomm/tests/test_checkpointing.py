@@ -165,3 +165,83 @@ def test_partition_activations_over_two_model_parallel_ranks(use_parallel_groups
     from dscomm.testing import run_ranks
 
     assert run_ranks(_partitioned_rank, 2, use_parallel_groups, timeout=60) == [{False: True, True: True}] * 2
+
+
+def _contiguous_rank(rank, world_size):
+    mpu = ParallelDims(world_size, tensor=2).build()
+    checkpointing.configure(mpu, partition_activations=True, contiguous_checkpointing=True, num_checkpoints=2)
+    torch.manual_seed(3)
+    model = torch.nn.Sequential(Block(7, mp_dropout=False), Block(7, mp_dropout=False))
+    x = torch.randn(4, 7, requires_grad=True)
+    plain, _ = _grads(model, x, use_checkpoint=False, seed=5)
+    seen = []
+    for _ in range(2):  # the second step reuses the first step's buffer
+        h = x
+        for block in model:
+            h = checkpointing.checkpoint(block, h)
+        buffers = checkpointing._CONTIGUOUS.buffers
+        seen.append([(tuple(b.shape), b.data_ptr()) for b in buffers.values()])
+        free_in_forward = [len(rows) for rows in checkpointing._CONTIGUOUS.free.values()]
+        h.pow(2).sum().backward()
+        free_after = [len(rows) for rows in checkpointing._CONTIGUOUS.free.values()]
+    ckpt, _ = _grads(model, x, use_checkpoint=True, seed=5)
+    h = x
+    try:
+        for block in [*model, model[0]]:  # three checkpoints held at once, two rows
+            h = checkpointing.checkpoint(block, h)
+        too_many = ""
+    except dsconfig.ConfigError as exc:
+        too_many = str(exc)
+    checkpointing.reset()
+    return {"bitwise": all(torch.equal(a, b) for a, b in zip(plain, ckpt)), "seen": seen,
+            "free_in_forward": free_in_forward, "free_after": free_after, "too_many": too_many,
+            "after_reset": len(checkpointing._CONTIGUOUS.buffers)}
+
+
+def test_contiguous_memory_optimization_keeps_partitions_in_number_checkpoints_rows():
+    from dscomm.testing import run_ranks
+
+    for result in run_ranks(_contiguous_rank, 2, timeout=60):
+        assert result["bitwise"]
+        # 4 x 7 = 28 values, 14 a rank: one buffer of number_checkpoints (2) rows, the same one every step
+        assert result["seen"][0] == result["seen"][1] and [s for s, _ in result["seen"][0]] == [(2, 14)]
+        assert result["free_in_forward"] == [0] and result["free_after"] == [2]  # taken in forward, back in backward
+        assert "activation_checkpointing.number_checkpoints" in result["too_many"]
+        assert result["after_reset"] == 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="cpu_checkpointing moves device inputs; needs CUDA")
+def test_cpu_checkpointing_copies_device_inputs_to_pinned_memory_and_back():
+    checkpointing.configure(checkpoint_in_cpu=True)
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(*[Block(64, mp_dropout=False) for _ in range(3)]).cuda()
+    x = torch.randn(256, 64, device="cuda", requires_grad=True)
+    plain, _ = _grads(model, x, use_checkpoint=False)
+    offloaded, _ = _grads(model, x, use_checkpoint=True)
+    _assert_bitwise(plain, offloaded)
+    copies = []
+    original = checkpointing._HostCopy.__init__
+
+    def spy(self, tensor):
+        original(self, tensor)
+        copies.append(self)
+
+    checkpointing._HostCopy.__init__ = spy
+    try:
+        _grads(model, x, use_checkpoint=True)
+    finally:
+        checkpointing._HostCopy.__init__ = original
+    assert len(copies) == 3 and all(c.host.is_pinned() and c.event is not None for c in copies)
+
+
+def test_each_engine_applies_its_own_section_but_never_over_the_scripts_configure():
+    checkpointing._settings = checkpointing._Settings()  # a fresh process: nothing configured yet
+    first = dsconfig.load({"activation_checkpointing": {"cpu_checkpointing": True}})
+    second = dsconfig.load({"activation_checkpointing": {"profile": True}})
+    checkpointing.configure_from_engine(first)
+    assert checkpointing._settings.cpu_checkpointing
+    checkpointing.configure_from_engine(second)  # a second initialize() in the same process
+    assert checkpointing._settings.profile and not checkpointing._settings.cpu_checkpointing
+    checkpointing.configure(synchronize=True)  # the script's own settings stand
+    checkpointing.configure_from_engine(first)
+    assert checkpointing._settings.synchronize and not checkpointing._settings.cpu_checkpointing

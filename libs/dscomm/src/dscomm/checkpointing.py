@@ -9,12 +9,18 @@ same random numbers (CPU and device generators, and the model-parallel tracker's
 
 - Default: `torch.utils.checkpoint` (non-reentrant), so parameters get gradients even when no
   input requires grad, and `torch.autograd.grad` works.
-- cpu_checkpointing: the saved inputs are moved to host memory and brought back for the
-  recompute (a no-op where they already are on the CPU).
+- cpu_checkpointing: the saved inputs are copied to host memory while the forward computes on the
+  device ones (a side-stream copy into pinned memory on CUDA, pageable where pinning fails), and
+  copied back for the recompute; a no-op where they already are on the CPU.
 - partition_activations with a model-parallel `mpu` of more than one rank (Megatron's mpu, or the
   ParallelGroups of `dscomm.ParallelDims(...).build()`, whose tensor group it uses): each rank keeps only
   its slice of every saved input (on the CPU with cpu_checkpointing) and the recompute
   all-gathers them. Inputs must be the same on every model-parallel rank, as in Megatron.
+- contiguous_memory_optimization (with partition_activations): those slices are rows of one buffer
+  per input position, `number_checkpoints` rows long, allocated once and reused every step instead
+  of one allocation per checkpoint; a row is taken in forward and given back by its backward.
+- An engine applies its config's section with `configure_from_engine` (each initialize() its own),
+  unless the script called `configure()` itself, which then stands.
 - synchronize_checkpoint_boundary: synchronise the device before and after each checkpoint.
 - profile: time each checkpointed forward and its recompute (`profile_timings()`, and logged).
 """
@@ -41,6 +47,7 @@ __all__ = [
     "CudaRNGStatesTracker",
     "checkpoint",
     "configure",
+    "configure_from_engine",
     "get_cuda_rng_tracker",
     "is_configured",
     "model_parallel_cuda_manual_seed",
@@ -63,6 +70,7 @@ class _Settings:
         self.cpu_checkpointing = False
         self.synchronize = False
         self.profile = False
+        self.from_engine = False  # set by an engine's config, not by the script's own configure()
 
 
 _settings = _Settings()
@@ -123,14 +131,26 @@ def configure(mpu_: Any = None, deepspeed_config: Any = None, partition_activati
                  settings.contiguous_memory_optimization, settings.synchronize, settings.profile)
 
 
+def configure_from_engine(deepspeed_config: Any, mpu_: Any = None) -> None:
+    """What an engine's initialize() applies: its config's section (its layout as the `mpu`), replacing
+    what an earlier engine applied, but never what the script set with `configure()` itself."""
+    if _settings.configured and not _settings.from_engine:
+        return
+    configure(mpu_, deepspeed_config=deepspeed_config)
+    _settings.from_engine = True
+
+
 def is_configured() -> bool:
     """Whether `configure()` has been called."""
     return _settings.configured
 
 
 def reset() -> None:
-    """Drop what checkpoints hold between calls (buffers, profile timings); the options stay."""
+    """Drop what checkpoints hold between calls (contiguous buffers, profile timings); the options stay.
+    Call it after forward passes that had no backward (evaluation with grad enabled) under
+    contiguous_memory_optimization, whose rows only a backward gives back."""
     _timings.clear()
+    _CONTIGUOUS.clear()
 
 
 def profile_timings() -> dict[str, dict[str, float]]:
@@ -313,13 +333,17 @@ def _checkpoint_torch(function: Callable[..., Any], args: tuple, settings: _Sett
     offloaded = settings.cpu_checkpointing and any(torch.is_tensor(a) and a.device.type != "cpu" for a in args)
     cuda_devices = _cuda_devices(args)
     if offloaded:
-        # The recompute closure holds `stored`, so the copies on the host are what stays alive.
-        # `.to()` is differentiable and exact, so gradients reach the original inputs unchanged.
-        devices = [a.device if torch.is_tensor(a) else None for a in args]
-        stored = tuple(a.to("cpu") if torch.is_tensor(a) else a for a in args)
+        # The recompute closure holds `stored`, so the copies on the host are what stays alive. The
+        # forward itself computes on the device inputs while those copies are made, so its outputs'
+        # graph reaches the original inputs; the recompute runs on the copies brought back.
+        copies = [_HostCopy(a) if torch.is_tensor(a) and a.device.type != "cpu" else None for a in args]
+        stored = tuple(c.host if c is not None else a for a, c in zip(args, copies))
+        pending: list[tuple] = [args]  # the device inputs, for the forward only
 
         def run(*host_args: Any) -> Any:
-            return function(*(a.to(d) if d is not None else a for a, d in zip(host_args, devices)))
+            if pending:
+                return function(*pending.pop())
+            return function(*(c.restore() if c is not None else a for a, c in zip(host_args, copies)))
 
     def contexts() -> tuple[Any, Any]:
         # torch.utils.checkpoint restores the generators and autocast of the inputs' device; with
@@ -369,22 +393,110 @@ class _RecomputeContext:
         torch.set_rng_state(cpu_state)
 
 
+_COPY_STREAMS: dict[torch.device, Any] = {}  # one side stream per device for cpu_checkpointing's copies
+
+
+class _HostCopy:
+    """A device tensor's copy in host memory: pinned and made on a side stream on CUDA, so the forward
+    goes on while it is copied; brought back on the compute stream once that copy is done."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.device, self.requires_grad = tensor.device, tensor.requires_grad
+        self.event = None
+        value = tensor.detach()
+        if value.device.type != "cuda":
+            self.host = value.to("cpu")
+            return
+        try:
+            self.host = torch.empty(value.shape, dtype=value.dtype, pin_memory=True)
+        except RuntimeError:  # pinning can fail under a tight memlock limit (ulimit -l): a blocking copy then
+            self.host = value.to("cpu")
+            return
+        stream = _COPY_STREAMS.get(value.device)
+        if stream is None:
+            stream = _COPY_STREAMS[value.device] = torch.cuda.Stream(value.device)
+        stream.wait_stream(torch.cuda.current_stream(value.device))  # after the ops that produce it
+        with torch.cuda.stream(stream):
+            self.host.copy_(value, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record(stream)
+        value.record_stream(stream)  # the allocator keeps its memory until the copy has read it
+
+    def restore(self) -> torch.Tensor:
+        if self.event is not None:
+            torch.cuda.current_stream(self.device).wait_event(self.event)
+        value = self.host.to(self.device, non_blocking=self.event is not None)
+        # As the forward's input was: the recompute must save what the forward saved.
+        return value.requires_grad_(self.requires_grad) if value.is_floating_point() else value
+
+
 # ---------------------------------------------------------------------------------------------- partitioned
+
+
+class _ContiguousRows:
+    """contiguous_memory_optimization: per (input position, slice size, dtype, place), one buffer of
+    `number_checkpoints` rows that the slices of that input live in, reused from step to step. A row is
+    taken in forward and given back by its checkpoint's backward (any order: pipeline schedules
+    interleave micro-batches)."""
+
+    def __init__(self) -> None:
+        self.buffers: dict[tuple, torch.Tensor] = {}
+        self.free: dict[tuple, list[int]] = {}
+
+    def take(self, key: tuple, rows: int) -> tuple[torch.Tensor, int]:
+        position, chunk, dtype, device, pinned = key
+        if key not in self.buffers:
+            pin = pinned and torch.cuda.is_available()
+            self.buffers[key] = torch.empty(rows, chunk, dtype=dtype, device=device, pin_memory=pin)
+            self.free[key] = list(range(rows - 1, -1, -1))
+        if not self.free[key]:
+            raise dsconfig.ConfigError(dsconfig.Problem(
+                "activation_checkpointing.number_checkpoints",
+                f"is {rows}, but more checkpoints than that hold partitioned input {position} at once; raise it "
+                f"to the number of checkpointed layers, or call checkpointing.reset() after forward passes "
+                f"without backward", rows))
+        row = self.free[key].pop()
+        return self.buffers[key][row], row
+
+    def give_back(self, key: tuple, row: int) -> None:
+        if key in self.free:  # gone if reset() ran in between
+            self.free[key].append(row)
+
+    def clear(self) -> None:
+        self.buffers.clear()
+        self.free.clear()
+
+
+_CONTIGUOUS = _ContiguousRows()
 
 
 class _Slice:
     """This rank's share of a tensor input that every model-parallel rank holds the same copy of."""
 
-    def __init__(self, tensor: torch.Tensor, rank: int, world: int, to_cpu: bool) -> None:
+    def __init__(self, tensor: torch.Tensor, rank: int, world: int, to_cpu: bool, position: int = 0,
+                 contiguous_rows: int | None = None) -> None:
         self.shape, self.dtype, self.device = tensor.shape, tensor.dtype, tensor.device
         self.requires_grad = tensor.requires_grad
         self.numel = tensor.numel()
         self.chunk = -(-self.numel // world)  # ceil: the last slices are zero-padded
         flat = tensor.detach().reshape(-1)
         part = flat[rank * self.chunk:(rank + 1) * self.chunk]
+        self.row: tuple | None = None
+        if contiguous_rows is not None:
+            key = (position, self.chunk, self.dtype, torch.device("cpu") if to_cpu else self.device, to_cpu)
+            self.part, index = _CONTIGUOUS.take(key, contiguous_rows)
+            self.row = (key, index)
+            self.part[part.numel():].zero_()
+            self.part[:part.numel()].copy_(part)
+            return
         padded = torch.zeros(self.chunk, dtype=self.dtype, device=self.device)
         padded[:part.numel()] = part
         self.part = padded.to("cpu") if to_cpu else padded  # a fresh contiguous copy either way
+
+    def release(self) -> None:
+        if self.row is not None:
+            _CONTIGUOUS.give_back(*self.row)
+            self.row = None
 
     def gather(self, group: Any, world: int) -> torch.Tensor:
         mine = self.part.to(self.device)
@@ -395,6 +507,8 @@ class _Slice:
 
 
 def _checkpoint_partitioned(function: Callable[..., Any], args: tuple, settings: _Settings) -> Any:
+    if not torch.is_grad_enabled():
+        return function(*args)  # no backward will come: nothing to keep
     outputs = _PartitionedCheckpoint.apply(function, settings, *args)
     return outputs
 
@@ -413,13 +527,17 @@ class _PartitionedCheckpoint(torch.autograd.Function):
         with _timed("forward") if settings.profile else contextlib.nullcontext(), torch.no_grad():
             outputs = function(*args)
         rank = _mp_rank(mpu)
-        ctx.stored = [_Slice(a, rank, ctx.world, settings.cpu_checkpointing) if torch.is_tensor(a) else a
-                      for a in args]
+        rows = settings.number_checkpoints if settings.contiguous_memory_optimization else None
+        ctx.stored = [_Slice(a, rank, ctx.world, settings.cpu_checkpointing, position, rows)
+                      if torch.is_tensor(a) else a for position, a in enumerate(args)]
         return outputs
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> Any:
         inputs = [item.gather(ctx.group, ctx.world) if isinstance(item, _Slice) else item for item in ctx.stored]
+        for item in ctx.stored:
+            if isinstance(item, _Slice):
+                item.release()
         outside = _RngSnapshot(list(ctx.rng.cuda))
         ctx.rng.restore()
         try:
