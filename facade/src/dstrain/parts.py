@@ -6,8 +6,8 @@ an engine."""
 
 from __future__ import annotations
 
-import gc
 import warnings
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +17,7 @@ import dscomm
 import dszero
 from dsconfig import ConfigError, DeepSpeedConfig, Problem
 
-from . import checkpointing, wiring_dsdata
+from . import checkpointing, python_gc, wiring_dsdata
 from .dataloader import DeepSpeedDataLoader
 from .precision_setup import PrecisionSetup
 from .progress import TrainingProgress
@@ -46,15 +46,15 @@ class TrainingParts:
     dp_rank: int
     dp_world_size: int
     groups: Any = None  # dscomm.ParallelGroups, where initialize() built the layout
-    gc_disabled: bool = False
+    release_gc: Any = None  # disable_python_gc: gives this engine's hold on the collector back (python_gc.py)
     step_hooks: list = field(default_factory=list)  # the composition's: called with the global step after each step
 
     def close(self) -> None:
-        """Close the monitors and give the garbage collector back."""
+        """Close the monitors and give the garbage collector back (on only when no other engine holds it)."""
         self.reporter.close()
-        if self.gc_disabled:
-            gc.enable()
-            self.gc_disabled = False
+        if self.release_gc is not None:
+            self.release_gc()
+            self.release_gc = None
 
 
 def build_training_parts(model: torch.nn.Module, config: DeepSpeedConfig, *, optimizer: Any = None,
@@ -80,8 +80,8 @@ def build_training_parts(model: torch.nn.Module, config: DeepSpeedConfig, *, opt
     precision.prepare_module(model)
     if config.comms_logger.enabled:
         dscomm.configure(config.comms_logger)
-    if not checkpointing.is_configured():  # the config's activation_checkpointing section, until the script's own
-        checkpointing.configure(None, deepspeed_config=config)
+    # This config's activation_checkpointing section (the layout as its mpu), unless the script configured its own.
+    checkpointing.configure_from_engine(config, groups)
     broadcast_module_state(model, data_parallel_group)
     basic = _basic_optimizer(config, optimizer, model_parameters if model_parameters is not None else model.parameters(),
                              model)
@@ -112,8 +112,8 @@ def build_training_parts(model: torch.nn.Module, config: DeepSpeedConfig, *, opt
                           reporter=reporter, data_parallel_group=data_parallel_group, global_rank=dscomm.get_rank(),
                           dp_rank=dp_rank, dp_world_size=dp_world_size, groups=groups, step_hooks=step_hooks)
     if config.disable_python_gc:  # last, so a failed build leaves the collector on
-        gc.disable()
-        parts.gc_disabled = True
+        parts.release_gc = python_gc.hold()
+        weakref.finalize(parts, parts.release_gc)  # an engine dropped without destroy() lets go too
     return parts
 
 
