@@ -6,6 +6,7 @@ both ranks' batches ("DDP with experts": the mean over ranks, each expert counte
 gradient norms and every weight, found by its global expert name, agree.
 """
 
+import pytest
 import torch
 from moe_models import TinyMoELM, batch, distinct_experts, reference, seed_gate
 
@@ -109,3 +110,38 @@ def test_moe_names_load_as_deepspeeds():
     assert MoE is dsmoe.MoE and top1gating is dsmoe.top1gating and is_moe_param is dsmoe.is_moe_param
     assert split_params_into_different_moe_groups_for_optimizer is dsmoe.split_params_into_different_moe_groups_for_optimizer
     assert dstrain.moe.moe_aux_loss is dsmoe.moe_aux_loss
+
+
+def low_precision(rank, world, precision, offload):
+    model = TinyMoELM(ep_size=2)
+    cfg = config(2, CLIP)
+    cfg[precision] = {"enabled": True, **({"initial_scale_power": 8} if precision == "fp16" else {})}
+    if offload:
+        cfg["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
+    engine, *_ = dstrain.initialize(model=model, config=cfg)
+    with torch.no_grad():
+        reference_model = TinyMoELM()
+        distinct_experts(reference_model)
+        state = reference_model.state_dict()
+        for name, tensor in model.state_dict().items():
+            tensor.copy_(state[name])
+        engine.optimizer.masters_from_module()
+    losses = []
+    for step in range(STEPS):
+        seed_gate(model, step, rank)
+        loss = engine(batch(step, rank))
+        engine.backward(loss)
+        engine.step()
+        total = loss.detach().float().clone()
+        torch.distributed.all_reduce(total)
+        losses.append(total.item() / WORLD)
+    return losses, engine.skipped_steps
+
+
+@pytest.mark.parametrize(("precision", "offload"), [("bf16", True), ("fp16", False)])
+def test_experts_train_in_low_precision_and_with_optimizer_offload(precision, offload):
+    want_losses, _, _ = reference(WORLD, STEPS, CLIP)
+    for losses, skipped in run_ranks(low_precision, WORLD, precision, offload, timeout=180):
+        assert skipped == 0
+        # the same trajectory as float32, within what 8 (bf16) or 11 (fp16) mantissa bits allow
+        torch.testing.assert_close(torch.tensor(losses), torch.tensor(want_losses), rtol=3e-2, atol=3e-2)
