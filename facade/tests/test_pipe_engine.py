@@ -133,7 +133,7 @@ def test_zero_1_and_2_beside_the_pipeline_equal_plain_data_parallelism():
 
 
 # ---------------------------------------------------------------------------------------------- refusals
-def refusals(rank, world):
+def refusals(rank, world, directory):
     messages = {}
 
     def attempt(name, build):
@@ -155,11 +155,15 @@ def refusals(rank, world):
     for call in ("forward", "backward", "step"):
         attempt(call, lambda c=call: getattr(ready, c)(torch.zeros(1)))
     stage_info = (ready.is_first_stage(), ready.is_last_stage(), ready.get_pipeline_parallel_rank())
+    with ready.tracing(directory):  # the measured timeline, in dspipe's trace format
+        ready.train_batch(iter([batch(0, 0, m) for m in range(GAS)]))
     return messages, stage_info
 
 
-def test_what_a_pipeline_cannot_do_is_refused_by_key():
-    for rank, (messages, stage_info) in enumerate(run_ranks(refusals, 2, timeout=120)):
+def test_what_a_pipeline_cannot_do_is_refused_by_key_and_a_batch_can_be_traced(tmp_path):
+    from dspipe.schedules import Kind, read_trace
+
+    for rank, (messages, stage_info) in enumerate(run_ranks(refusals, 2, tmp_path, timeout=120)):
         assert stage_info == (rank == 0, rank == 1, rank)
         assert "zero_optimization.stage" in messages["zero3"] and "use stage 1 or 2" in messages["zero3"]
         assert "pipeline.stages" in messages["stages"] and "num_stages=2" in messages["stages"]
@@ -168,3 +172,6 @@ def test_what_a_pipeline_cannot_do_is_refused_by_key():
         assert "pipeline.seed_layers" in messages["seed"]
         for call in ("forward", "backward", "step"):
             assert "Only train_batch() is accessible in pipeline mode." in messages[call]
+    events = read_trace(*sorted(tmp_path.glob("pipe_trace_rank*.json")))
+    forwards = sorted((e.rank, e.action.stage, e.action.micro_batch) for e in events if e.action.kind is Kind.F)
+    assert forwards == [(r, r, m) for r in range(2) for m in range(GAS)]

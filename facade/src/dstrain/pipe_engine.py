@@ -10,7 +10,10 @@ passes, tied gradients summed across stages, one reduction, then the step).
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -195,6 +198,17 @@ class PipelineEngine(torch.nn.Module):
 
     def set_has_attention_mask(self, value: bool) -> None:
         self.has_attention_mask = bool(value)  # tensors of any dtype travel between stages here
+
+    @contextlib.contextmanager
+    def tracing(self, directory: Any) -> Iterator[None]:
+        """Record every pipeline action this rank runs inside the block and write them, when it ends, to
+        `directory/pipe_trace_rankNNNNN.json` (dspipe's trace format: `dspipe show --from-trace <files>`
+        draws the measured timeline)."""
+        path = Path(directory) / f"pipe_trace_rank{self.global_rank:05d}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with self.runtime.tracing() as recorder:
+            yield
+        self.runtime.write_trace(path, recorder)
 
     def reset_activation_shape(self) -> None:
         """Exchange the activation shapes again (call it on every rank when they change without dynamic_shape)."""

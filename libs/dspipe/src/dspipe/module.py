@@ -150,9 +150,13 @@ class PipelineModule(nn.Module):
     def _seed(self, seed: int) -> None:
         if self.seed_fn is not None:
             self.seed_fn(seed)
-        else:
-            random.seed(seed)
-            torch.manual_seed(seed)
+            return
+        random.seed(seed)
+        # torch.manual_seed also queues a lazy seeding of every device type with its formatted stack in a
+        # forked process (milliseconds a call, and the queue grows); seed only the generators in use.
+        torch.default_generator.manual_seed(seed)
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.manual_seed(seed)
 
     # ---------------------------------------------------------------------------------------- running
     def forward(self, forward_input: Any) -> Any:

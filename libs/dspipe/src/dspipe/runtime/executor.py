@@ -32,6 +32,8 @@ from .p2p import Messenger
 from .sync import GradientSync
 from .wire import flatten, unflatten
 
+LOOKAHEAD = 4  # receives posted ahead of their wait, at most
+
 
 class BatchRun:
     """Runs `program` for one batch of `micro_batches` on this rank (see the module docstring)."""
@@ -69,6 +71,9 @@ class BatchRun:
         self.tied_reduced = not module.tied_comms
         self.finished = False
         self.applied: bool | None = None
+        # Receives posted ahead of the action that waits for them (see _post_ahead), by their action.
+        self.posted: dict[Action, Any] = {}
+        self.upcoming = [i for i, a in enumerate(program) if a.kind.is_recv]
 
     # ---------------------------------------------------------------------------------------- the loop
     def run(self) -> None:
@@ -78,9 +83,11 @@ class BatchRun:
                     Kind.REDUCE_TIED: self._reduce_tied, Kind.REDUCE_GRAD: self._reduce_grad, Kind.STEP: self._step}
         grad_mode = torch.enable_grad() if self.training else torch.no_grad()
         with grad_mode:
-            for action in self.program:
+            for index, action in enumerate(self.program):
                 with self._recorded(action):
                     handlers[action.kind](action)
+                if self.lowered:
+                    self._post_ahead(index)
             if self.training and not self.lowered:
                 self._reduce_tied(None)
                 for stage in sorted(self.local_stages):
@@ -197,13 +204,14 @@ class BatchRun:
             self._release(work)
 
     def _recv_input(self, action: Action) -> None:
-        """Post the receive and wait for it right here (lower's model: receives block where they stand), so
-        the forward that follows measures compute only."""
+        """Wait for the receive right here (lower's model: receives block where they stand), so the forward
+        that follows measures compute only; it was usually posted ahead (_post_ahead)."""
         source = self.placement.rank_of[action.stage - 1]
         if source == self.rank:
             return
         work = self.work(action.stage, action.micro_batch)
-        pending = self.messenger.recv_activations(action.stage - 1, action.micro_batch, source, action)
+        pending = self.posted.pop(action, None) or \
+            self.messenger.recv_activations(action.stage - 1, action.micro_batch, source, action)
         value = unflatten(self.messenger.wait(pending), pending.is_tuple)
         work.inputs = fresh_leaves(value) if self.training else value
 
@@ -270,9 +278,34 @@ class BatchRun:
         if source == self.rank:
             return
         work = self.work(action.stage, action.micro_batch)
-        specs = [(tuple(t.shape), t.dtype) for t in floats(work.output)]
-        pending = self.messenger.recv_grads(specs, action.stage + 1, action.micro_batch, source, action)
+        pending = self.posted.pop(action, None) or self._post_grads(action, work, source)
         work.output_grads = self.messenger.wait(pending)
+
+    def _post_grads(self, action: Action, work: Work, source: int) -> Any:
+        specs = [(tuple(t.shape), t.dtype) for t in floats(work.output)]
+        return self.messenger.recv_grads(specs, action.stage + 1, action.micro_batch, source, action)
+
+    def _post_ahead(self, index: int) -> None:
+        """Post the next few receives now: gloo moves a message only once its receive is posted, so a
+        receive posted early is filled while this rank computes. Posting never blocks; the wait stays where
+        the program puts it. An activation receive is posted once its shapes are known (exchanged and
+        cached), a gradient receive once its forward has run; at most LOOKAHEAD receives ahead."""
+        while self.upcoming and self.upcoming[0] <= index:
+            self.upcoming.pop(0)
+        for position in self.upcoming[:LOOKAHEAD]:
+            action = self.program[position]
+            if action in self.posted:
+                continue
+            if action.kind is Kind.RECV_F:
+                source = self.placement.rank_of[action.stage - 1]
+                if source != self.rank and self.messenger.knows_shapes(action.stage - 1):
+                    self.posted[action] = self.messenger.recv_activations(action.stage - 1, action.micro_batch,
+                                                                          source, action)
+            else:
+                source = self.placement.rank_of[action.stage + 1]
+                work = self.works.get((action.stage, action.micro_batch))
+                if source != self.rank and work is not None and work.output is not None:
+                    self.posted[action] = self._post_grads(action, work, source)
 
     def _release(self, work: Work) -> None:
         """Forget a (stage, micro-batch) once nothing more will read it."""

@@ -53,6 +53,10 @@ class Messenger:
         self._sent.clear()
         self._received.clear()
 
+    def knows_shapes(self, sender_stage: int) -> bool:
+        """Whether an activation receive from `sender_stage` can be posted without waiting for a header."""
+        return not self.dynamic_shape and ("F", sender_stage) in self._received
+
     # ---------------------------------------------------------------------------------------- activations
     def send_activations(self, tensors: list[torch.Tensor], is_tuple: bool, stage: int, micro_batch: int,
                          peer: int, action: Any) -> None:
