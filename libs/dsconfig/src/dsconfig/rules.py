@@ -82,6 +82,12 @@ def zero_rules(cfg: DeepSpeedConfig) -> Iterator[Finding]:
                               f"hpZ partitioning applies only to ZeRO stage 3 (stage is {zero.stage}); it is ignored",
                               zero.zero_hpz_partition_size),
                       inert=True, neutralize=_evolve_zero(zero_hpz_partition_size=1))
+    for key in ("zero_quantized_weights", "zero_quantized_gradients"):  # ZeRO++ quantizes stage 3's collectives
+        if getattr(zero, key) and zero.stage != 3:
+            yield Finding(Problem(f"zero_optimization.{key}",
+                                  f"ZeRO++ quantization applies only to ZeRO stage 3 (stage is {zero.stage}); it is "
+                                  f"ignored", True),
+                          inert=True, neutralize=_evolve_zero(**{key: False}))
 
 
 def compile_rules(cfg: DeepSpeedConfig) -> Iterator[Finding]:
