@@ -151,6 +151,9 @@ def refusals(rank, world, directory):
     attempt("partition", lambda: engine(pipeline={"partition": "parameters"}))
     attempt("schedule", lambda: engine(pipeline={"schedule": "dualpipev"}))
     attempt("seed", lambda: engine(pipeline={"seed_layers": True}))
+    attempt("micro", lambda: dstrain.initialize(model=DualPipeVModule(layers(False), num_stages=2, loss_fn=token_loss,
+                                                                      partition_method="uniform"),
+                                                config={**config(1, 0.0), "gradient_accumulation_steps": 3}))
     ready = engine(pipeline={"stages": 2, "partition": "uniform"})
     for call in ("forward", "backward", "step"):
         attempt(call, lambda c=call: getattr(ready, c)(torch.zeros(1)))
@@ -170,6 +173,7 @@ def test_what_a_pipeline_cannot_do_is_refused_by_key_and_a_batch_can_be_traced(t
         assert "pipeline.partition" in messages["partition"] and "partition_method='uniform'" in messages["partition"]
         assert "pipeline.schedule" in messages["schedule"] and "build a DualPipeVModule" in messages["schedule"]
         assert "pipeline.seed_layers" in messages["seed"]
+        assert "gradient_accumulation_steps" in messages["micro"] and "micro_batches >= 2 * stages" in messages["micro"]
         for call in ("forward", "backward", "step"):
             assert "Only train_batch() is accessible in pipeline mode." in messages[call]
     events = read_trace(*sorted(tmp_path.glob("pipe_trace_rank*.json")))

@@ -19,9 +19,9 @@ from typing import Any
 import torch
 
 import dscomm
-from dsconfig import DeepSpeedConfig
+from dsconfig import ConfigError, DeepSpeedConfig, Problem
 from dsmonitor import events
-from dspipe import PipelineError, PipelineModule
+from dspipe import PipelineError, PipelineModule, ScheduleError
 from dspipe.runtime import PipelineRuntime
 
 from .dataloader import DeepSpeedDataLoader, RepeatingLoader
@@ -99,6 +99,11 @@ class PipelineEngine(torch.nn.Module):
         self.runtime = PipelineRuntime(model, groups, schedule, device=parts.device,
                                        input_hook=parts.precision.cast_inputs,
                                        forward_context=parts.precision.forward_context)
+        try:  # a schedule that cannot run this many micro-batches says so now, not at the first batch
+            self.runtime.program(self.micro_batches)
+        except ScheduleError as exc:
+            raise ConfigError(Problem("gradient_accumulation_steps", f"the {schedule} schedule: {exc}",
+                                      self.micro_batches)) from None
         self._seam = _ZeroSeam(self)
         self.data_iterator: Any = None
         self.batch_fn: Any = None
