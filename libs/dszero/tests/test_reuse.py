@@ -85,3 +85,44 @@ def test_reused_units_are_gathered_once_per_step_with_the_same_losses():
         assert reuse[0] == 2 * units and reuse[1:] == [units, units]  # recorded, then kept for backward
         assert losses_reuse == losses_always
         assert held == 0                           # still all released between steps
+
+
+def live_peak(rank, world, max_live):
+    """The most partitioned elements gathered at any module boundary over steps 2-3 (after the recording)."""
+    model = make_model(layers=3)
+    cfg = ZeroConfig(stage=3, stage3_param_persistence_threshold=0, stage3_prefetch_bucket_size=10**9,
+                     stage3_max_reuse_distance=10**9, stage3_max_live_parameters=max_live)
+    zero = dszero.ZeroOptimizer(model, torch.optim.AdamW(model.parameters(), lr=1e-2), cfg)
+    peaks, losses = [], []
+
+    def record(*_):
+        gathered = sum(u.layout.padded_numel for u in zero.groups if u.gathered and not u.persistent)
+        assert getattr(zero.reducer, "live_numel", lambda: gathered)() == gathered  # its running count agrees
+        peaks.append(gathered)
+
+    for module in model.modules():  # registered after ZeRO's hooks: they see what is gathered as the module runs
+        module.register_forward_pre_hook(record)
+        module.register_forward_hook(record)
+        module.register_full_backward_pre_hook(record)
+    for step, (tokens,) in enumerate(batches(3, 1, world, rank)):
+        start = len(peaks)
+        loss = loss_of(model, tokens)
+        zero.backward(loss)
+        zero.step()
+        zero.zero_grad()
+        losses.append(loss.item())
+        if step == 0:
+            del peaks[start:]  # the first step records the order: nothing is gathered ahead yet
+    return max(peaks), losses
+
+
+def test_max_live_parameters_bounds_prefetched_kept_and_on_demand_gathers():
+    def both(rank, world):
+        return live_peak(rank, world, 10**9), live_peak(rank, world, 10_000)
+
+    for (unbounded, losses), (bounded, bounded_losses) in run_ranks(both, 2, timeout=120):
+        # A 1e9 prefetch bucket gathers most of the model ahead (about 42k elements); the bound holds
+        # every gathered unit, prefetched or kept, to 10k, and training is unchanged.
+        assert unbounded > 20_000
+        assert bounded <= 10_000
+        assert bounded_losses == losses

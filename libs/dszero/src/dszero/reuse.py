@@ -3,7 +3,8 @@
 
 The first forward + backward records the order in which units are gathered. From then on, when a
 unit's forward ends, it stays gathered if its next use comes within `max_reuse_distance` elements
-of other units' gathers and keeping it leaves at most `max_live_parameters` elements gathered.
+of other units' gathers and keeping it leaves at most `max_live_parameters` elements gathered (all
+gathered units count: stage3.py also stops prefetching, and releases kept units, at that bound).
 The last layers, whose backward follows their forward at once, are then not all-gathered twice.
 Every rank records the same order and so makes the same choices, so collectives stay matched. A
 gather off the recording (the end of an eval-only forward, a model that changes its order) keeps
@@ -40,15 +41,16 @@ class ReusePolicy:
         self.last_event[key] = self.cursor
         self.cursor += 1
 
-    def keep_after_forward(self, key: int, numel: int) -> bool:
-        """Whether the unit whose forward just ended stays gathered for its backward."""
+    def keep_after_forward(self, key: int, numel: int, live_numel: int | None = None) -> bool:
+        """Whether the unit whose forward just ended stays gathered for its backward. `live_numel`: the
+        elements gathered now, this unit's included (default: the units this policy kept, plus it)."""
         if self.recording or not self.enabled or not self.following:
             return False
         event = self.last_event.get(key)
         distance = self.reuse_distance[event] if event is not None and event < len(self.reuse_distance) else None
         if distance is None or distance > self.max_reuse_distance:
             return False
-        if sum(self.live.values()) + numel > self.max_live:
+        if (sum(self.live.values()) + numel if live_numel is None else live_numel) > self.max_live:
             return False
         self.live[key] = numel
         return True

@@ -7,7 +7,9 @@ all-gather just before the module runs (forward pre-hook, backward pre-hook) and
 `stage3_param_persistence_threshold` elements stay gathered. Gradients are reduce-scattered unit
 by unit during backward, launched in a fixed order so every rank issues the same collectives.
 After the first step the next units are gathered asynchronously while the current one computes
-(`stage3_prefetch_bucket_size`, see prefetch.py).
+(`stage3_prefetch_bucket_size`, see prefetch.py). `stage3_max_live_parameters` bounds every gathered
+partitioned unit, prefetched, kept for reuse or gathered on demand: prefetching stops at it, and an
+on-demand gather first releases units gathered ahead of their use to stay under it.
 """
 
 from __future__ import annotations
@@ -47,6 +49,19 @@ class Unit:
     """
 
     routes: Any = None  # ZeRO++ (zeropp/): how forward/backward gathers travel; None: the plain all-gather
+
+    tally: list[int] | None = None  # Stage3's running count of gathered partitioned elements (max_live_parameters)
+    _gathered = False
+
+    @property
+    def gathered(self) -> bool:
+        return self._gathered
+
+    @gathered.setter
+    def gathered(self, value: bool) -> None:
+        if value != self._gathered and self.tally is not None and not self.persistent:
+            self.tally[0] += self.layout.padded_numel if value else -self.layout.padded_numel
+        self._gathered = value
 
     def __init__(self, module: torch.nn.Module, params: list[torch.nn.Parameter], names: list[str], world: int,
                  rank: int, master_dtype: torch.dtype, persistent: bool, group: Any, homes: Any = None,
@@ -235,9 +250,11 @@ class Stage3:
         nvme = getattr(homes, "device", "none") == "nvme"
         self.read_ahead = PrefetchPlan(2 * self.prefetch.bucket) if nvme else None
         self.in_forward: set[int] = set()  # units whose module's forward is running
+        self.in_backward: set[int] = set()  # units gathered for a backward whose gradients are not reduced yet
         names = {id(p): n for n, p in module.named_parameters()}
         group_of = {id(p): i for i, g in enumerate(optimizer.param_groups) for p in g["params"] if p.requires_grad}
         self.units: list[Unit] = []
+        self.live = [0]  # elements of partitioned units gathered now, kept by the units themselves (Unit.tally)
         self.units_of_module: dict[int, list[Unit]] = {}
         self.unit_of_param: dict[int, Unit] = {}
         per_group: list[list[Unit]] = [[] for _ in optimizer.param_groups]
@@ -262,6 +279,8 @@ class Stage3:
                             numel < persistence_threshold, group, homes, master_device, pin_master, own_master)
                 if grad_dtype not in (None, unit.dtype):
                     unit.grad_shard = unit.grad_shard.to(grad_dtype)
+                unit.tally = self.live  # from here on its gathers and releases are counted
+                self.live[0] += unit.layout.padded_numel if unit.gathered and not unit.persistent else 0
                 self.units.append(unit)
                 per_group[index].append(unit)
                 for p in params:
@@ -304,9 +323,36 @@ class Stage3:
                 self.prefetch.on_need(id(unit), unit.layout.padded_numel, forward)
                 if self.read_ahead is not None:
                     self.read_ahead.on_need(id(unit), unit.layout.padded_numel, forward)
+        self._make_room(units)
         for unit in units:
             unit.gather(compute=True)
         self._gather_ahead()
+
+    # ------------------------------------------------------------------ stage3_max_live_parameters
+    def live_numel(self) -> int:
+        """Elements of partitioned units gathered now (in flight included): what max_live_parameters bounds."""
+        return self.live[0]
+
+    def _make_room(self, needed: list[Unit]) -> None:
+        """Before an on-demand gather: release units gathered ahead of their use (kept for reuse first, then
+        prefetched, latest first) until the needed ones fit under max_live_parameters. Units a running
+        forward or a pending backward reads are never released; the needed ones are gathered regardless."""
+        missing = sum(u.layout.padded_numel for u in needed if not u.gathered and not u.persistent)
+        live = self.live_numel()
+        if live + missing <= self.reuse.max_live:
+            return
+        busy = self.in_forward | self.in_backward | {id(u) for u in needed}
+        kept = [key for key in self.reuse.live if key not in busy]
+        ahead = [key for key in reversed(self.prefetch.in_flight) if key not in busy and key not in kept]
+        for key in kept + ahead:
+            unit = self.unit_by_key[key]
+            if not unit.gathered or unit.persistent:
+                continue
+            unit.release()
+            self.reuse.released(key)
+            live -= unit.layout.padded_numel
+            if live + missing <= self.reuse.max_live:
+                return
 
     def _state(self, key: int) -> int:
         unit = self.unit_by_key[key]
@@ -316,10 +362,14 @@ class Stage3:
 
     def _gather_ahead(self) -> None:
         """Launch the next units' gathers (see prefetch.py); NVMe shards further on start reading."""
+        live = self.live_numel()
         for key in self.prefetch.ahead(self._state):
             unit = self.unit_by_key[key]
+            if live + unit.layout.padded_numel > self.reuse.max_live:
+                break  # max_live_parameters bounds what is gathered ahead too; the rest is gathered on demand
             if not unit.gathered and self._spare_read_buffer(unit):
                 unit.gather_async()
+                live += unit.layout.padded_numel
         if self.read_ahead is not None:
             for key in self.read_ahead.ahead(self._state):
                 unit = self.unit_by_key[key]
@@ -341,12 +391,14 @@ class Stage3:
         # Released now unless reused soon; the backward pre-hook gathers them again before autograd reads them.
         for unit in self.units_of_module[id(module)]:
             self.in_forward.discard(id(unit))
-            if unit.persistent or self.reuse.keep_after_forward(id(unit), unit.layout.padded_numel):
+            if unit.persistent or self.reuse.keep_after_forward(id(unit), unit.layout.padded_numel,
+                                                                  live_numel=self.live_numel()):
                 continue
             unit.release()
 
     def _before_backward(self, module, grad_output):
         self._need(module, False)
+        self.in_backward.update(id(u) for u in self.units_of_module[id(module)])
 
     def _grad_hook(self, position: int, index: int):
         mark = weakly(self.launcher.mark_ready)  # weak: see ordered.weakly
@@ -362,6 +414,7 @@ class Stage3:
         if self.read_ahead is not None:
             self.read_ahead.end_of_step()
         self.in_forward.clear()
+        self.in_backward.clear()
 
     def _reduce(self, unit: Unit) -> None:
         # Gradients are cast into the wire dtype as they are copied, and into the shard's as they are added.
@@ -381,6 +434,7 @@ class Stage3:
             unit.grad_shard.add_(flat)
         unit.release()
         self.reuse.released(id(unit))
+        self.in_backward.discard(id(unit))
 
     # ------------------------------------------------------------------ for the optimizer
     def grad_shards(self) -> list[torch.Tensor]:
