@@ -89,3 +89,17 @@ def test_experts_are_named_by_global_id_once_their_group_is_known():
     assert names[0] == "deepspeed_moe.experts.deepspeed_experts.2.0.weight"
     assert layer.global_expert_ids() == [2, 3]
     assert layer.deepspeed_moe.experts.deepspeed_experts[1] is list(layer.deepspeed_moe.experts.deepspeed_experts)[1]
+
+
+def test_jitter_multiplies_the_gate_input_in_training_only():
+    torch.manual_seed(0)
+    gate = dsmoe.TopKGate(HIDDEN, 4, k=1, min_capacity=0, noisy_gate_policy="Jitter", use_rts=False,
+                          generator=torch.Generator().manual_seed(5))
+    x = torch.randn(12, HIDDEN)
+    noise = 0.99 + torch.rand(12, HIDDEN, generator=torch.Generator().manual_seed(5)) * 0.02
+    expected = dsmoe.top1gating(torch.nn.functional.linear(x * noise, gate.wg.weight), 1.0, 0, use_rts=False)
+    got = gate(x)
+    torch.testing.assert_close(got[1], expected[1])
+    gate.eval()
+    plain = dsmoe.top1gating(torch.nn.functional.linear(x, gate.wg.weight), 1.0, 0, use_rts=False)
+    torch.testing.assert_close(gate(x)[1], plain[1])
