@@ -211,4 +211,4 @@ def error_bound(x: torch.Tensor, spec: QuantSpec, dtype: torch.dtype = torch.flo
     if dtype != torch.float32:
         info = torch.finfo(dtype)  # half a unit in the last place, of normals and of subnormals
         bound = bound + largest * info.eps / 2 + info.smallest_normal * info.eps / 2
-    return bound.unsqueeze(2).expand_as(blocks).reshape(count, -1)[:, :numel].reshape(x.shape)
+    return bound.unsqueeze(2).expand_as(blocks).reshape(count, -1)[:, :numel].contiguous().view(x.shape)
