@@ -72,7 +72,6 @@ ENGINE_COMPOSES: frozenset[str] = frozenset({"tensor_parallel.autotp_size", "dat
                                              "curriculum_learning.enabled", "pipeline"})
 
 _NEVER_PROVIDED = (("hybrid_engine.enabled", "the hybrid engine", lambda cfg: cfg.hybrid_engine.enabled),
-                   ("autotuning.enabled", "the autotuner", lambda cfg: cfg.autotuning.enabled),
                    ("compile.deepcompile", "DeepCompile", lambda cfg: cfg.compile.deepcompile))
 
 

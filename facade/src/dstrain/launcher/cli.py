@@ -2,6 +2,7 @@
 
     dstrain --num_procs 2 train.py --deepspeed_config ds.json
     dstrain --hostfile hosts --include "worker-0@worker-1:0,2" train.py
+    dstrain --num_procs 2 --autotuning run train.py --deepspeed_config ds.json
 
 See facade/docs/launcher.md.
 """
@@ -65,6 +66,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stop_grace", type=float, default=10.0, metavar="SECONDS",
                    help="when stopping a job, seconds between SIGTERM and SIGKILL (default 10)")
     p.add_argument("--dry_run", action="store_true", help="print each node's command and exit")
+    p.add_argument("--autotuning", choices=("tune", "run"), default=None,
+                   help="find the fastest ZeRO stage, micro-batch and knobs by short runs of the script (the "
+                        "config's autotuning section); 'tune' writes the results, 'run' then trains with the best "
+                        "(see facade/docs/autotuning.md)")
+    p.add_argument("--autotuning_timeout", type=float, default=1800.0, metavar="SECONDS",
+                   help="with --autotuning: stop an experiment after this long and record it as timed out "
+                        "(default 1800)")
     p.add_argument("script", help="the training script (or module, with --module)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
     return p
@@ -165,7 +173,12 @@ def remote_shell_for(choice: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.autotuning:
+        from ..autotuning.command import main as autotuning_main  # imports torch: only when asked
+
+        return autotuning_main(args, parser)
     try:
         job, to_start = plan(args)
         shell = remote_shell_for(args.launcher)
