@@ -12,6 +12,7 @@ through it (whole_tensors.py).
 from __future__ import annotations
 
 import copy
+import logging
 import math
 from typing import Any
 
@@ -38,6 +39,8 @@ from .whole_tensors import TensorShards, steps_on_shards
 from .wire import gather_shards
 from .zeropp import ZeroPPSettings
 from .zeropp import attach as attach_zeropp
+
+logger = logging.getLogger("dszero")
 
 
 class ZeroOptimizer:
@@ -271,7 +274,16 @@ class ZeroOptimizer:
 
     def _prefetch_plan(self) -> PrefetchPlan:
         size = self.config.stage3_prefetch_bucket_size
-        return PrefetchPlan(size)
+        return PrefetchPlan(size, on_miss=self._log_trace_miss if self.config.log_trace_cache_warnings else None)
+
+    def _log_trace_miss(self, key: int, forward: bool) -> None:
+        """log_trace_cache_warnings: the module calls left the order recorded on the first step (the trace)."""
+        if self.rank != 0:
+            return
+        unit = self.reducer.unit_by_key[key]
+        logger.warning("zero stage 3: the %s of %s does not follow the module order recorded on the first step "
+                       "(the trace cache); parameters are gathered on demand until the recorded order starts "
+                       "again", "forward" if forward else "backward", unit.names[0].rsplit(".", 1)[0] or "the model")
 
     def _make_stepper(self) -> InMemoryStep | SwappedStep:
         if self.config.optimizer_offload_device != "nvme":
@@ -357,6 +369,12 @@ class ZeroOptimizer:
     def step(self) -> bool:
         """Reduce gradients, then update: returns False when the step was skipped for an fp16 overflow."""
         self.finish_backward()
+        if self.stage == 2 and not self.config.ignore_unused_parameters:
+            unused = self.reducer.without_gradients()
+            if unused:
+                raise ZeroError(f"zero_optimization.ignore_unused_parameters is false and {len(unused)} parameter(s) "
+                                f"got no gradient in this step (first: {', '.join(unused[:3])}); set it to true (the "
+                                f"default) to train on, or use every parameter in the forward")
         shards = self.reducer.reduce()
         # To the master's dtype and device (the CPU under optimizer offload); a copy whenever either differs.
         grads = [shard.to(device=flat.master.device, dtype=flat.master.dtype) for shard, flat in zip(shards, self.groups)]
@@ -476,6 +494,21 @@ class ZeroOptimizer:
 
         with self.stepper.resident(write_back=True):
             load(self, directory, load_optimizer_states)
+            if not self.config.load_from_fp32_weights:
+                self._masters_from_model_weights()
+
+    def _masters_from_model_weights(self) -> None:
+        """load_from_fp32_weights: false: the master weights start from the loaded 16-bit model weights
+        (with their precision loss), not from the checkpoint's fp32 masters, as the reference says."""
+        for group in self.groups:
+            if not group.separate_master:
+                continue
+            if self.stage == 3:
+                shard = group.home.fetch()
+                group.master.copy_(shard)
+                group.home.done()
+            else:
+                group.master.copy_(group.model_shard())
 
     def offload_states(self, include: Any = None, device: str = "cpu", pin_memory: bool = True,
                        non_blocking: bool = False) -> None:

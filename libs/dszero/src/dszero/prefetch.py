@@ -23,8 +23,9 @@ KEPT = 2    # gathered and stays so until its next need (kept by reuse, or neede
 
 
 class PrefetchPlan:
-    def __init__(self, bucket_numel: int):
+    def __init__(self, bucket_numel: int, on_miss: Callable[[int, bool], None] | None = None):
         self.bucket = bucket_numel
+        self.on_miss = on_miss  # told (unit key, forward?) when the needs leave the recording (log_trace_cache_warnings)
         self.trace: list[tuple[int, bool]] = []  # (unit key, in forward?), in need order
         self.numel: dict[int, int] = {}
         self.recording = True
@@ -44,6 +45,8 @@ class PrefetchPlan:
         elif forward and self.trace and self.trace[0] == (key, True):
             self._restart(1)  # a forward starts again (after an eval-only forward, say)
         else:
+            if self.aligned and self.on_miss is not None:
+                self.on_miss(key, forward)
             self.aligned = False  # off the recording: gather on demand until it starts again
             self.in_flight.clear()
 

@@ -171,6 +171,7 @@ class BucketReducer:
         self.overlap = overlap
         self.sync = True
         self.pending_local = False  # gradients accumulated with sync off, not reduced yet
+        self.got_grad: set[int] = set()  # id(param) of those that had a gradient since zero() (unused parameters)
         self.bucket_numel = bucket_numel
         self.grad_shards = [torch.zeros(g.shard_numel, dtype=grad_dtype, device=g.model_flat.device) for g in groups]
         self.buckets: list[_Bucket] = []
@@ -210,6 +211,7 @@ class BucketReducer:
 
     # ------------------------------------------------------------------ during backward
     def _on_grad(self, param: torch.nn.Parameter) -> None:
+        self.got_grad.add(id(param))
         if not self.sync:
             self.pending_local = True
             return
@@ -290,8 +292,14 @@ class BucketReducer:
         self.finish_backward()
         return self.grad_shards
 
+    def without_gradients(self) -> list[str]:
+        """Names of the parameters that had no gradient since the last zero()."""
+        return [name for group in self.groups for param, name in zip(group.params, group.names)
+                if id(param) not in self.got_grad]
+
     def zero(self) -> None:
         self.pending_local = False
+        self.got_grad.clear()
         for shard in self.grad_shards:
             shard.zero_()
         for group in self.groups:
