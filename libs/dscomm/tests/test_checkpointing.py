@@ -245,3 +245,13 @@ def test_each_engine_applies_its_own_section_but_never_over_the_scripts_configur
     checkpointing.configure(synchronize=True)  # the script's own settings stand
     checkpointing.configure_from_engine(first)
     assert checkpointing._settings.synchronize and not checkpointing._settings.cpu_checkpointing
+
+
+def test_an_engine_takes_contiguous_checkpointing_without_number_checkpoints_which_the_script_gives():
+    checkpointing._settings = checkpointing._Settings()
+    section = {"activation_checkpointing": {"partition_activations": True, "contiguous_memory_optimization": True}}
+    with pytest.raises(dsconfig.ConfigError, match=r"activation_checkpointing\.number_checkpoints"):
+        checkpointing.configure(deepspeed_config=section)  # the script's own call must say it
+    checkpointing._settings = checkpointing._Settings()
+    checkpointing.configure_from_engine(dsconfig.load(section))  # Megatron passes num_checkpoints itself later
+    assert checkpointing._settings.contiguous_memory_optimization and checkpointing._settings.number_checkpoints is None

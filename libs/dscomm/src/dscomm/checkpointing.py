@@ -75,6 +75,8 @@ class _Settings:
 
 _settings = _Settings()
 _timings: dict[str, list[float]] = {}
+_NO_ROWS = dsconfig.Problem("activation_checkpointing.number_checkpoints",
+                            "must be set (a positive integer) when contiguous_memory_optimization is on")
 
 
 def _section(deepspeed_config: Any) -> dsconfig.ActivationCheckpointingConfig:
@@ -100,7 +102,13 @@ def configure(mpu_: Any = None, deepspeed_config: Any = None, partition_activati
     deepspeed_config: a config path, dict or `DeepSpeedConfig`. Arguments left None take the
     section's value (its defaults when there is no config). Calling again replaces every option.
     """
-    section = _section(deepspeed_config)
+    _configure(mpu_, _section(deepspeed_config), partition_activations, contiguous_checkpointing, num_checkpoints,
+               checkpoint_in_cpu, synchronize, profile, rows_now=True)
+
+
+def _configure(mpu_: Any, section: dsconfig.ActivationCheckpointingConfig, partition_activations: bool | None,
+               contiguous_checkpointing: bool | None, num_checkpoints: int | None, checkpoint_in_cpu: bool | None,
+               synchronize: bool | None, profile: bool | None, rows_now: bool, from_engine: bool = False) -> None:
 
     def pick(argument: Any, from_config: Any) -> Any:
         return from_config if argument is None else argument
@@ -119,11 +127,10 @@ def configure(mpu_: Any = None, deepspeed_config: Any = None, partition_activati
             raise dsconfig.ConfigError(dsconfig.Problem(
                 "activation_checkpointing.contiguous_memory_optimization",
                 "copies partitioned activations, so it needs activation_checkpointing.partition_activations: true"))
-        if settings.number_checkpoints is None:
-            raise dsconfig.ConfigError(dsconfig.Problem(
-                "activation_checkpointing.number_checkpoints",
-                "must be set (a positive integer) when contiguous_memory_optimization is on"))
+        if settings.number_checkpoints is None and rows_now:
+            raise dsconfig.ConfigError(_NO_ROWS)
     settings.configured = True
+    settings.from_engine = from_engine
     global _settings
     _settings = settings
     logger.debug("activation checkpointing: partition=%s cpu=%s contiguous=%s synchronize=%s profile=%s",
@@ -136,8 +143,9 @@ def configure_from_engine(deepspeed_config: Any, mpu_: Any = None) -> None:
     what an earlier engine applied, but never what the script set with `configure()` itself."""
     if _settings.configured and not _settings.from_engine:
         return
-    configure(mpu_, deepspeed_config=deepspeed_config)
-    _settings.from_engine = True
+    # Megatron-style scripts give number_checkpoints to configure() themselves (num_checkpoints=num_layers),
+    # so a section without it is taken here; the first checkpoint that needs the rows asks for it.
+    _configure(mpu_, _section(deepspeed_config), None, None, None, None, None, None, rows_now=False, from_engine=True)
 
 
 def is_configured() -> bool:
@@ -528,6 +536,8 @@ class _PartitionedCheckpoint(torch.autograd.Function):
             outputs = function(*args)
         rank = _mp_rank(mpu)
         rows = settings.number_checkpoints if settings.contiguous_memory_optimization else None
+        if settings.contiguous_memory_optimization and rows is None:
+            raise dsconfig.ConfigError(_NO_ROWS)  # the engine's section left it to the script, which did not set it
         ctx.stored = [_Slice(a, rank, ctx.world, settings.cpu_checkpointing, position, rows)
                       if torch.is_tensor(a) else a for position, a in enumerate(args)]
         return outputs
