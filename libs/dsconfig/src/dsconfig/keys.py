@@ -84,7 +84,8 @@ KNOWN_KEYS: dict[tuple[str, str], KnownKey] = {
     ("", "zero_allow_untested_optimizer"): KnownKey(
         "inert", "dstrain's ZeRO works with any torch optimizer; nothing to allow"),
     ("", "zero_force_ds_cpu_optimizer"): KnownKey(
-        "inert", "dstrain always runs the optimizer step of CPU offload with its own CPU Adam"),
+        "inert", "under optimizer offload the config's Adam/AdamW already is dstrain's CPU Adam (dszero.ops.CPUAdam); "
+                 "an optimizer passed to initialize() is stepped as given"),
     ("", "disable_allgather"): KnownKey("inert", "removed from DeepSpeed long ago; it has no effect"),
     ("bf16", "loss_scale"): KnownKey("inert", _BF16_NO_LOSS_SCALE),
     ("bf16", "initial_scale_power"): KnownKey("inert", _BF16_NO_LOSS_SCALE),
@@ -283,6 +284,31 @@ def _suggestion(key: str, fields: dict, path: str) -> str:
     return ""
 
 
+# Keys of the schema whose value asks for something dstrain does not do: path -> (does the value ask?, why).
+# Refused like the unsupported keys above (requested_unsupported; load's strict mode), warned otherwise.
+UNSUPPORTED_VALUES: dict[tuple[str, ...], tuple[Callable[[Any], bool], str]] = {
+    ("zero_optimization", "offload_optimizer", "ratio"): (
+        lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v < 1,
+        "partial optimizer offload (a ratio below 1) is not implemented: every offloaded optimizer step runs on "
+        "the CPU"),
+    ("zero_optimization", "parameter_alignment"): (
+        lambda v: v is True, "ZeRO's flat buffers keep parameters back to back, without 16-byte alignment padding"),
+    ("aio", "use_gds"): (lambda v: v is True, "GPUDirect Storage is not part of dsaio"),
+}
+
+
+def value_requests(raw: dict) -> list[tuple[str, str, Any]]:
+    """(path, why, value) of every UNSUPPORTED_VALUES key whose value in `raw` asks for the missing thing."""
+    found = []
+    for path, (asks, why) in UNSUPPORTED_VALUES.items():
+        holder: Any = raw
+        for part in path[:-1]:
+            holder = holder.get(part) if isinstance(holder, dict) else None
+        if isinstance(holder, dict) and path[-1] in holder and asks(holder[path[-1]]):
+            found.append((".".join(path), why, holder[path[-1]]))
+    return found
+
+
 # Unsupported keys that ask for nothing missing: elastic_checkpoint's effect (resharding on load) is
 # always there, and the old torch.compile options only configure an engine.compile() call the script makes.
 _NOT_FEATURE_REQUESTS = frozenset({("zero_optimization", "elastic_checkpoint"), ("compile", "disable"),
@@ -305,6 +331,9 @@ def requested_unsupported(raw: dict) -> list[Problem]:
         path = f"{section}.{key}" if section else key
         problems.append(Problem(path, f"asks for a feature dstrain does not provide ({known.reason}); remove "
                                       f"the key or turn it off", holder[key]))
+    for path, why, value in value_requests(raw):
+        problems.append(Problem(path, f"asks for something dstrain does not do ({why}); remove the key or set it "
+                                      f"to its default", value))
     return problems
 
 

@@ -17,7 +17,7 @@ from .converter import CONVERTER, problems_from
 from .errors import ConfigError, ConfigWarning, Problem, listing
 from .fields import AUTO, info
 from .jsonio import read_source
-from .keys import KeyReport, clean_keys, nested_class
+from .keys import KeyReport, clean_keys, nested_class, value_requests
 from .params import (
     DEEPSPEED_ONLY_OPTIMIZERS,
     DSTRAIN_OPTIMIZERS,
@@ -57,6 +57,7 @@ def _load_dict(raw: dict, *, world_size: int, strict: bool) -> DeepSpeedConfig:
         raise ConfigError(Problem("world_size", "must be a positive integer", world_size))
     report = KeyReport()
     cleaned = clean_keys(raw, DeepSpeedConfig, "", report)
+    report.unsupported += [f"{path} ({why})" for path, why, _ in value_requests(cleaned)]
     problems = list(report.errors)
     problems += _check_names_and_params(cleaned, report)
 

@@ -15,6 +15,7 @@ import attrs
 from .config import DeepSpeedConfig
 from .errors import Problem
 from .fields import AUTO
+from .sections import ZeroConfig
 
 
 @attrs.frozen
@@ -88,6 +89,67 @@ def zero_rules(cfg: DeepSpeedConfig) -> Iterator[Finding]:
                                   f"ZeRO++ quantization applies only to ZeRO stage 3 (stage is {zero.stage}); it is "
                                   f"ignored", True),
                           inert=True, neutralize=_evolve_zero(**{key: False}))
+
+
+def _changed(value, default) -> bool:
+    return value != AUTO and value != default
+
+
+def _no_effect(path: str, why: str, value) -> Finding:
+    # What trains is the same either way, so strict loading does not refuse these; it warns by name.
+    return Finding(Problem(path, why, value), warn_only=True)
+
+
+def no_effect_rules(cfg: DeepSpeedConfig) -> Iterator[Finding]:
+    """Keys that tune DeepSpeed's implementation where dstrain's has nothing to tune, or act only at other
+    stages or offloads: set away from their default, each is named in a warning."""
+    zero, default = cfg.zero_optimization, ZeroConfig()
+    stage, nvme = zero.stage, zero.optimizer_offload_device == "nvme"
+    offload = zero.offload_optimizer
+    overlap_refused = stage in (0, 1) and not cfg.managed_gradient_accumulation  # an error in zero_rules
+    candidates = (
+        ("allgather_partitions", not zero.allgather_partitions, "the updated partitions are always all-gathered"),
+        ("allgather_bucket_size", _changed(zero.allgather_bucket_size, default.allgather_bucket_size),
+         "stages 1-2 all-gather each parameter group's updated shards in one collective, stage 3 module by module"),
+        ("reduce_scatter", not zero.reduce_scatter,
+         "gradients reach their owners by the collective that suits the backend (the same sums)"),
+        ("contiguous_gradients", not zero.contiguous_gradients, "gradients always live in contiguous flat buffers"),
+        ("compute_grad_norm", not zero.compute_grad_norm,
+         "the global gradient norm is always computed (get_global_grad_norm() reads it)"),
+        ("round_robin_gradients", zero.round_robin_gradients,
+         "gradient copies to the CPU are not scheduled round-robin over ranks"),
+        ("stage3_module_granularity_threshold", zero.stage3_module_granularity_threshold > 0,
+         "stage 3 gathers each module's own parameters and merges no fine-grained modules"),
+        ("overlap_comm", zero.overlap_comm and stage != 2 and not overlap_refused,
+         f"gradients are reduced during backward, overlapped with it, only at stage 2 (stage is {stage})"),
+        ("reduce_bucket_size", _changed(zero.reduce_bucket_size, default.reduce_bucket_size) and stage != 2,
+         f"only stage 2 reduces gradients in buckets (stage is {stage})"),
+        ("sub_group_size", _changed(zero.sub_group_size, default.sub_group_size) and not nvme,
+         "sub-groups split only the optimizer step of NVMe optimizer offload"),
+        ("save_muon_momentum_buffer_in_memory", zero.save_muon_momentum_buffer_in_memory and not nvme,
+         "only NVMe optimizer offload moves the momentum out of memory"),
+        ("ignore_unused_parameters", not zero.ignore_unused_parameters and stage != 2,
+         f"only stage 2 checks for parameters without gradients, as in DeepSpeed (stage is {stage})"),
+        ("offload_optimizer.fast_init", offload is not None and offload.fast_init,
+         "NVMe optimizer offload has one initialisation, with nothing to speed up"),
+        ("offload_optimizer.pipeline_read", offload is not None and offload.pipeline_read,
+         "the optimizer step's swap-file reads are not overlapped"),
+        ("offload_optimizer.pipeline_write", offload is not None and offload.pipeline_write,
+         "the optimizer step's swap-file writes always overlap the next sub-group's step"),
+    )
+    for key, on, why in candidates:
+        if on:
+            holder = offload if key.startswith("offload_optimizer.") else zero
+            yield _no_effect(f"zero_optimization.{key}", why, getattr(holder, key.rsplit(".", 1)[-1]))
+    if cfg.checkpoint.parallel_write.pipeline_stage:
+        yield _no_effect("checkpoint.parallel_write.pipeline_stage",
+                         "each pipeline stage's layer files are written by its data-parallel rank 0", True)
+    autocast = cfg.torch_autocast
+    if autocast.enabled:
+        yield _no_effect("torch_autocast.lower_precision_safe_modules",
+                         f"dstrain reduces these modules' gradients in the model's dtype, not in torch_autocast.dtype "
+                         f"({autocast.dtype}): it has no per-module communication dtype (communication_data_type "
+                         f"reduces every gradient in one lower precision)", autocast.lower_precision_safe_modules)
 
 
 def compile_rules(cfg: DeepSpeedConfig) -> Iterator[Finding]:
@@ -293,7 +355,7 @@ def hybrid_engine_rules(cfg: DeepSpeedConfig) -> Iterator[Finding]:
                                   f"has no effect with {', '.join(reasons)}; it is ignored", True), warn_only=True)
 
 
-RULES = (precision_rules, zero_rules, compile_rules, profiling_rules, monitor_rules, expert_parallel_rules,
+RULES = (precision_rules, zero_rules, no_effect_rules, compile_rules, profiling_rules, monitor_rules, expert_parallel_rules,
          data_efficiency_rules, tensor_parallel_rules, hybrid_engine_rules)
 
 
