@@ -30,6 +30,11 @@ NO_EFFECT = [
      "zero_optimization.offload_optimizer.pipeline_write"),
     ({"checkpoint": {"parallel_write": {"pipeline_stage": True}}}, "checkpoint.parallel_write.pipeline_stage"),
     ({"torch_autocast": {"enabled": True}}, "torch_autocast.lower_precision_safe_modules"),
+    ({"compile": {"offload_activation": True}}, "compile.offload_activation"),
+    ({"compile": {"offload_activation_pin_memory": False}}, "compile.offload_activation_pin_memory"),
+    ({"pipeline": {"stages": 2}, "tensor_parallel": {"autotp_size": 2}}, "pipeline.pipe_partitioned"),
+    ({"pipeline": {"stages": 2}, "tensor_parallel": {"autotp_size": 2}}, "pipeline.grad_partitioned"),
+    ({"pipeline": {"use_reentrant": False}}, "pipeline.use_reentrant"),
 ]
 
 

@@ -144,6 +144,22 @@ def no_effect_rules(cfg: DeepSpeedConfig) -> Iterator[Finding]:
     if cfg.checkpoint.parallel_write.pipeline_stage:
         yield _no_effect("checkpoint.parallel_write.pipeline_stage",
                          "each pipeline stage's layer files are written by its data-parallel rank 0", True)
+    comp = cfg.compile
+    if not comp.deepcompile:  # with it, compile.deepcompile itself is refused by the engine
+        for key, on in (("offload_activation", comp.offload_activation),
+                        ("offload_activation_pin_memory", not comp.offload_activation_pin_memory)):
+            if on:
+                yield _no_effect(f"compile.{key}", "DeepCompile's activation offload acts only with compile.deepcompile",
+                                 getattr(comp, key))
+    pipe = cfg.pipeline
+    if isinstance(pipe.stages, int) and pipe.stages > 1 and cfg.tensor_parallel.autotp_size > 1:
+        for key in ("pipe_partitioned", "grad_partitioned"):
+            if getattr(pipe, key):
+                yield _no_effect(f"pipeline.{key}", "dspipe sends activations and gradients between stages whole, "
+                                                    "not partitioned over the tensor-parallel group", True)
+    if not pipe.use_reentrant:
+        yield _no_effect("pipeline.use_reentrant", "dstrain's activation checkpointing is non-reentrant either way "
+                                                   "(the same gradients)", False)
     autocast = cfg.torch_autocast
     if autocast.enabled:
         yield _no_effect("torch_autocast.lower_precision_safe_modules",
