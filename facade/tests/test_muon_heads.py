@@ -150,3 +150,32 @@ def test_a_use_muon_set_by_hand_is_kept_and_muon_groups_follow_the_rule():
         assert id(param) in adam
     assert id(model.model.layers[1].mlp.down_proj.weight) in muon
     assert [g["lr"] for g in optimizer.param_groups] == [0.02, 0.003] and isinstance(optimizer, Muon)
+
+
+def init_rank(rank, world):
+    import dszero
+
+    class Attention(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q_proj, self.k_proj = torch.nn.Linear(32, 32, bias=False), torch.nn.Linear(32, 16, bias=False)
+            self.v_proj, self.o_proj = torch.nn.Linear(32, 16, bias=False), torch.nn.Linear(32, 32, bias=False)
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.config = transformers.LlamaConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2)
+            self.embed_tokens, self.self_attn = torch.nn.Embedding(64, 32), Attention()
+
+    with dszero.Init():
+        model = Model()
+    tags, _ = tagged(model)
+    return tags.tagged, {n: bool(p.use_muon) for n, p in model.named_parameters()}, model.self_attn.q_proj.weight.numel()
+
+
+def test_parameters_built_inside_zero_init_are_tagged_by_their_whole_shape():
+    found, muon, held = run_ranks(init_rank, 2, timeout=120)[0]
+    assert held < 32 * 32  # partitioned: the rank holds a shard, not the [32, 32] matrix
+    assert found == {"self_attn.q_proj.weight": 4, "self_attn.k_proj.weight": 2, "self_attn.v_proj.weight": 2}
+    assert muon == {"embed_tokens.weight": False, "self_attn.q_proj.weight": True, "self_attn.k_proj.weight": True,
+                    "self_attn.v_proj.weight": True, "self_attn.o_proj.weight": True}

@@ -59,7 +59,7 @@ def select_muon_parameters(model: torch.nn.Module) -> None:
     """Set `use_muon` on every parameter of `model` by the rule above (kept where already set)."""
     for name, param in model.named_parameters():
         if getattr(param, "use_muon", None) is None:
-            param.use_muon = param.ndim >= 2 and not any(word in name.lower() for word in EXCLUDED_KEYWORDS)
+            param.use_muon = len(_full_shape(param)) >= 2 and not any(w in name.lower() for w in EXCLUDED_KEYWORDS)
 
 
 @dataclass
@@ -123,7 +123,8 @@ def tag_attention_heads(model: torch.nn.Module) -> HeadTags:
     for name, param in model.named_parameters():
         module_path, _, leaf = name.rpartition(".")
         owner_path, _, projection = module_path.rpartition(".")
-        if (leaf != "weight" or param.ndim != 2 or not getattr(param, "use_muon", False)
+        shape = _full_shape(param)
+        if (leaf != "weight" or len(shape) != 2 or not getattr(param, "use_muon", False)
                 or projection not in (*QUERY, *KEY_VALUE, MLA_QUERY_UP, MLA_KV_UP) or "indexer" in name.lower()):
             continue
         owner = modules.get(owner_path)
@@ -133,7 +134,7 @@ def tag_attention_heads(model: torch.nn.Module) -> HeadTags:
             candidates = _linear_attention_geometry(owner)
         else:
             candidates = geometry.candidates(projection)
-        confirmed = _confirm(param.shape[0], candidates, dscomm.is_tensor_parallel(param))
+        confirmed = _confirm(shape[0], candidates, dscomm.is_tensor_parallel(param))
         counts = sorted({heads for heads, _ in confirmed})
         if len(counts) == 1:
             param.muon_num_heads = counts[0]
@@ -145,6 +146,11 @@ def tag_attention_heads(model: torch.nn.Module) -> HeadTags:
     if tags.unconfirmed or tags.conflicts:
         warnings.warn(_describe_skipped(tags), stacklevel=3)
     return tags
+
+
+def _full_shape(param: torch.Tensor) -> tuple[int, ...]:
+    # Built inside dszero.Init a parameter is an empty shard; ds_shape is its whole shape.
+    return tuple(getattr(param, "ds_shape", None) or param.shape)
 
 
 def _linear_attention_geometry(module: torch.nn.Module) -> list[tuple[int, int]]:
