@@ -43,6 +43,8 @@ _LAZY = {  # public name -> (module, attribute); attribute None means the module
     "runtime": ("runtime", None),
     "DeepSpeedConfig": ("runtime.config", "DeepSpeedConfig"),
     "log_dist": ("utils", "log_dist"),
+    "DeepSpeedTransformerLayer": ("ops.transformer", "DeepSpeedTransformerLayer"),
+    "DeepSpeedTransformerConfig": ("ops.transformer", "DeepSpeedTransformerConfig"),
     "convert_to_random_ltd": ("wiring_dsdata", "convert_to_random_ltd"),
     "remove_random_ltd_state_dict": ("wiring_dsdata", "remove_random_ltd_state_dict"),
     "save_without_random_ltd": ("wiring_dsdata", "save_without_random_ltd"),
