@@ -152,18 +152,19 @@ def dequantize(payload: torch.Tensor, numel: int, spec: QuantSpec, dtype: torch.
 
 def quantize_torch(rows: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
     count, numel = rows.shape
-    blocks = _blocked(rows.float(), spec)
+    # A float32 copy of its own, worked on in place: each elementwise pass is one pass over memory.
+    blocks = _blocked(rows.to(torch.float32, copy=True), spec)
     if spec.symmetric:
         # amax propagates nan and inf: a block holding one gets a non-finite step (see the module doc).
-        step = blocks.abs().amax(dim=2) / spec.qmax
+        step = blocks.abs().amax(dim=2).div_(spec.qmax)
         low = None
-        scaled = blocks / torch.where(step > 0, step, 1.0).unsqueeze(2)
-        q = torch.nan_to_num(torch.round(scaled)).clamp_(-spec.qmax, spec.qmax) + spec.offset
+        q = blocks.div_(torch.where(step > 0, step, 1.0).unsqueeze(2))
+        q.round_().nan_to_num_(0.0).clamp_(-spec.qmax, spec.qmax).add_(spec.offset)
     else:
         low = blocks.amin(dim=2)
-        step = (blocks.amax(dim=2) - low) / spec.levels
-        scaled = (blocks - low.unsqueeze(2)) / torch.where(step > 0, step, 1.0).unsqueeze(2)
-        q = torch.nan_to_num(torch.round(scaled)).clamp_(0, spec.levels)
+        step = (blocks.amax(dim=2) - low).div_(spec.levels)
+        q = blocks.sub_(low.unsqueeze(2)).div_(torch.where(step > 0, step, 1.0).unsqueeze(2))
+        q.round_().nan_to_num_(0.0).clamp_(0, spec.levels)
     codes = q.view(count, -1)[:, :numel].to(torch.uint8)
     payload = torch.zeros(count, spec.payload_bytes(numel), dtype=torch.uint8, device=rows.device)
     if spec.bits == 4:
@@ -189,11 +190,11 @@ def dequantize_torch(rows: torch.Tensor, numel: int, spec: QuantSpec) -> torch.T
         codes = torch.stack([codes & 0xF, codes >> 4], dim=2).view(count, -1)
     q = codes[:, :numel].float()
     if spec.offset:
-        q -= spec.offset
+        q.sub_(spec.offset)
     step = rows[:, start:start + 4 * nblocks].contiguous().view(torch.float32)
-    values = _blocked(q, spec) * step.unsqueeze(2)
+    values = _blocked(q, spec).mul_(step.unsqueeze(2))
     if not spec.symmetric:
-        values += rows[:, start + 4 * nblocks:].contiguous().view(torch.float32).unsqueeze(2)
+        values.add_(rows[:, start + 4 * nblocks:].contiguous().view(torch.float32).unsqueeze(2))
     return values.view(count, -1)[:, :numel]
 
 
