@@ -31,14 +31,15 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-HIDDEN, FFN, EXPERTS, TOKENS, CAPACITY = 512, 2048, 4, 512, 1.25
+HIDDEN, EXPERTS, TOKENS, CAPACITY = 512, 4, 512, 1.25  # experts are HIDDEN-4xHIDDEN-HIDDEN
 
 
-def expert() -> nn.Module:
-    return nn.Sequential(nn.Linear(HIDDEN, FFN), nn.GELU(), nn.Linear(FFN, HIDDEN))
+def expert(hidden: int = HIDDEN) -> nn.Module:
+    return nn.Sequential(nn.Linear(hidden, 4 * hidden), nn.GELU(), nn.Linear(4 * hidden, hidden))
 
 
-def build_layer(impl: str, ep_size: int, num_experts: int = EXPERTS, dispatch: str = "auto") -> tuple[nn.Module, object]:
+def build_layer(impl: str, ep_size: int, num_experts: int = EXPERTS, dispatch: str = "auto",
+                hidden: int = HIDDEN) -> tuple[nn.Module, object]:
     """(layer, its expert-data-parallel group)."""
     torch.manual_seed(0)
     common = dict(num_experts=num_experts, ep_size=ep_size, k=1, capacity_factor=CAPACITY,
@@ -56,7 +57,7 @@ def build_layer(impl: str, ep_size: int, num_experts: int = EXPERTS, dispatch: s
     import dscomm
     from dsmoe import MoE
 
-    layer = MoE(HIDDEN, expert(), dispatch=dispatch, **common)
+    layer = MoE(hidden, expert(hidden), dispatch=dispatch, **common)
     if dist.is_initialized():
         layer.set_expert_groups(dscomm.groups.get_expert_parallel_group(ep_size),
                                 dscomm.groups.get_expert_data_parallel_group(ep_size))
@@ -118,12 +119,13 @@ def measure(impl: str, ep_sizes: list[int], iters: int, repeats: int, threads: i
     return results
 
 
-def dispatch_sweep(num_experts: int, iters: int, repeats: int, threads: int) -> dict[str, float]:
+def dispatch_sweep(num_experts: int, iters: int, repeats: int, threads: int, tokens: int = TOKENS,
+                   hidden: int = HIDDEN) -> dict[str, float]:
     torch.set_num_threads(threads)
     found = {}
     for mode in ("dense", "sparse"):
-        layer, _ = build_layer("dsmoe", 1, num_experts, dispatch=mode)
-        x = torch.randn(TOKENS, HIDDEN, generator=torch.Generator().manual_seed(0))
+        layer, _ = build_layer("dsmoe", 1, num_experts, dispatch=mode, hidden=hidden)
+        x = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(0))
         times = []
         for block in range(repeats + 1):
             began = time.perf_counter()
@@ -146,13 +148,16 @@ def main() -> None:
     parser.add_argument("--deepspeed-python", help="an interpreter with DeepSpeed installed: measure it too")
     parser.add_argument("--dispatch-sweep", action="store_true", help="dense vs sparse dispatch, one process")
     parser.add_argument("--experts", type=int, default=64, help="experts for --dispatch-sweep")
+    parser.add_argument("--tokens", type=int, default=TOKENS, help="tokens for --dispatch-sweep")
+    parser.add_argument("--hidden", type=int, default=HIDDEN, help="hidden size for --dispatch-sweep")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of each implementation")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON only")
     args = parser.parse_args()
     if args.dispatch_sweep:
-        found = dispatch_sweep(args.experts, args.iters, args.repeats, args.threads)
-        print(f"{args.experts} experts, {TOKENS} tokens, forward + backward: dense {found['dense']:.3f} s, sparse "
-              f"{found['sparse']:.3f} s (sparse / dense {found['sparse'] / found['dense']:.2f})")
+        found = dispatch_sweep(args.experts, args.iters, args.repeats, args.threads, args.tokens, args.hidden)
+        print(f"{args.experts} experts of {args.hidden}-{4 * args.hidden}-{args.hidden}, {args.tokens} tokens, "
+              f"forward + backward: dense {found['dense'] * 1e3:.2f} ms, sparse {found['sparse'] * 1e3:.2f} ms "
+              f"(sparse / dense {found['sparse'] / found['dense']:.2f})")
         return
     if args.json:
         print(json.dumps(measure(args.impl, args.ep, args.iters, args.repeats, args.threads)))

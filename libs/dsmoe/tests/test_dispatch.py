@@ -43,10 +43,11 @@ def test_used_token_and_residual_through_both_dispatches():
         torch.testing.assert_close(sparse[4][name], dense[4][name], rtol=1e-10, atol=1e-12, msg=name)
 
 
-def test_auto_dispatch_picks_dense_for_small_buffers_and_sparse_for_large():
-    assert dsmoe.choose_dispatch("auto", 16, 4, 4) == "dense"
-    assert dsmoe.choose_dispatch("auto", 512, 64, 10) == "sparse"
-    assert dsmoe.choose_dispatch("auto", 16, 4, 4, ep_size=2) == "sparse"  # ranks must agree: never by size
+def test_auto_dispatch_is_sparse_on_the_cpu_and_over_expert_groups_and_by_size_on_a_gpu():
+    assert dsmoe.choose_dispatch("auto", 16, 4, 4) == "sparse"  # measured faster on the CPU at every size
+    assert dsmoe.choose_dispatch("auto", 16, 4, 4, ep_size=1, device="cuda") == "dense"
+    assert dsmoe.choose_dispatch("auto", 512, 64, 10, ep_size=1, device="cuda") == "sparse"
+    assert dsmoe.choose_dispatch("auto", 16, 4, 4, ep_size=2, device="cuda") == "sparse"  # ranks must agree
     assert dsmoe.choose_dispatch("dense", 512, 64, 10) == "dense"
 
 

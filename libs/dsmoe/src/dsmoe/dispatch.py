@@ -9,9 +9,11 @@ Two ways, with the same result:
   tells the others how many rows it sends each expert), run every expert on its real rows only, send
   them back and add each row, times its weight, into its token. Its cost grows with routes x model.
 
-`choose_dispatch` picks dense only while its buffers are small, where one einsum beats the index
-bookkeeping, and only without expert parallelism: ranks of an expert-parallel group must take the
-same path, and their token counts (which the size depends on) may differ.
+`choose_dispatch` ("auto") takes the sparse path on the CPU, where it measured faster at every size
+tried (16 tokens x 2 experts to 512 tokens x 64 experts, BENCHMARKS.md), and over an expert-parallel
+group (its ranks must take the same path, and their token counts may differ). On a GPU without
+expert parallelism it takes dense while the buffers are small, where one einsum is one GEMM (that
+threshold is not measured yet: no GPU run has been made).
 """
 
 from __future__ import annotations
@@ -25,16 +27,15 @@ from .experts import Experts
 from .gating import Routing
 
 DISPATCH_MODES = ("auto", "dense", "sparse")
-# Below this many [tokens x experts x capacity] elements the dense einsum is as fast as the sparse
-# path's index work (measured on the CPU: BENCHMARKS.md); above it the sparse path wins.
-DENSE_MAX_ELEMENTS = 1 << 15
+DENSE_MAX_ELEMENTS = 1 << 15  # [tokens x experts x capacity] up to which a GPU dispatches dense
 
 
-def choose_dispatch(mode: str, num_tokens: int, num_experts: int, capacity: int, ep_size: int = 1) -> str:
-    """"dense" or "sparse" for `mode` ("auto": sparse over an expert-parallel group, else by size)."""
+def choose_dispatch(mode: str, num_tokens: int, num_experts: int, capacity: int, ep_size: int = 1,
+                    device: torch.device | str = "cpu") -> str:
+    """"dense" or "sparse" for `mode` ("auto": see the module's docstring)."""
     if mode != "auto":
         return mode
-    if ep_size > 1:
+    if ep_size > 1 or torch.device(device).type == "cpu":
         return "sparse"
     return "dense" if num_tokens * num_experts * capacity <= DENSE_MAX_ELEMENTS else "sparse"
 

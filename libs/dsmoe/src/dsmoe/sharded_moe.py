@@ -103,7 +103,7 @@ class MOELayer(nn.Module):
     """Routes tokens through `experts` (this rank's `num_local_experts`) over the expert-parallel group
     of `ep_size` ranks. forward(hidden, used_token=None) returns the output and keeps `l_aux` and
     `exp_counts` of the call. `dispatch`: "dense" (DeepSpeed's einsum), "sparse" (index-based, variable
-    all-to-all) or "auto" (by size, see dispatch.choose_dispatch)."""
+    all-to-all) or "auto" (see dispatch.choose_dispatch)."""
 
     def __init__(self, gate: TopKGate, experts: Experts, ep_group_name: str, ep_size: int, num_local_experts: int,
                  use_tutel: bool = False, *, dispatch: str = "auto") -> None:
@@ -134,7 +134,7 @@ class MOELayer(nn.Module):
         model_dim = hidden.shape[-1]
         tokens = hidden.reshape(-1, model_dim)
         mode = choose_dispatch(self.dispatch, tokens.shape[0], self.gate.num_experts,
-                               self.gate.nominal_capacity(tokens.shape[0]), self.ep_size)
+                               self.gate.nominal_capacity(tokens.shape[0]), self.ep_size, tokens.device)
         routing = self.gate.route(tokens, used_token, global_capacity=mode == "dense")
         if mode == "dense":
             out = dense_moe(tokens, routing, self.experts, self.ep_group, self.ep_size)
