@@ -64,6 +64,49 @@ def build_layer(impl: str, ep_size: int, num_experts: int = EXPERTS, dispatch: s
     return layer, layer.expert_data_group
 
 
+class LossOf(nn.Module):
+    """The layer with the benchmark's loss, for the engines (`--engine`)."""
+
+    def __init__(self, layer: nn.Module):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, l_aux, _ = self.layer(x)
+        return out.float().pow(2).mean() + 0.01 * l_aux
+
+
+def engine_for(impl: str, ep_size: int, stage: int):
+    """dstrain.initialize or deepspeed.initialize on the layer: ZeRO `stage`, AdamW (torch's), fp32."""
+    torch.manual_seed(0)
+    common = dict(num_experts=EXPERTS, ep_size=ep_size, k=1, capacity_factor=CAPACITY,
+                  eval_capacity_factor=CAPACITY, min_capacity=4)
+    config = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "steps_per_print": 10**6,
+              "gradient_clipping": 1.0,
+              "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}},
+              "zero_optimization": {"stage": stage}}
+    if impl == "deepspeed":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        import deepspeed
+        from deepspeed.moe.layer import MoE
+
+        deepspeed.init_distributed(dist_backend="gloo")
+        model = LossOf(MoE(HIDDEN, expert(), **common))
+        return deepspeed.initialize(model=model, config=config)[0]
+    import dstrain
+    from dsmoe import MoE
+
+    model = LossOf(MoE(HIDDEN, expert(), **common))
+    return dstrain.initialize(model=model, config=config)[0]
+
+
+def engine_steps(engine, x: torch.Tensor, count: int) -> None:
+    for _ in range(count):
+        loss = engine(x)
+        engine.backward(loss)
+        engine.step()
+
+
 def is_expert(param: torch.Tensor) -> bool:
     return hasattr(param, "allreduce") and not param.allreduce
 
@@ -83,20 +126,30 @@ def train_steps(layer: nn.Module, expert_data_group, optimizer, x: torch.Tensor,
 
 
 def rank_main(rank: int, world: int, init_file: str, impl: str, ep_sizes: list[int], iters: int, repeats: int,
-              threads: int, queue) -> None:
+              threads: int, stage: int | None, queue) -> None:
     torch.set_num_threads(threads)
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     results = {}
     for ep in ep_sizes:
-        layer, group = build_layer(impl, ep)
-        optimizer = torch.optim.Adam(layer.parameters(), lr=1e-4)
         x = torch.randn(TOKENS, HIDDEN, generator=torch.Generator().manual_seed(rank))
-        train_steps(layer, group, optimizer, x, 3, world)  # warm-up
+        if stage is None:
+            layer, group = build_layer(impl, ep)
+            optimizer = torch.optim.Adam(layer.parameters(), lr=1e-4)
+
+            def run(count, layer=layer, group=group, optimizer=optimizer, x=x):
+                train_steps(layer, group, optimizer, x, count, world)
+        else:
+            engine = engine_for(impl, ep, stage)
+
+            def run(count, engine=engine, x=x):
+                engine_steps(engine, x, count)
+        run(3)  # warm-up
         blocks = []
         for _ in range(repeats):
             dist.barrier()
             began = time.perf_counter()
-            train_steps(layer, group, optimizer, x, iters, world)
+            run(iters)
             dist.barrier()
             blocks.append((time.perf_counter() - began) / iters)
         results[ep] = statistics.median(blocks)
@@ -105,12 +158,13 @@ def rank_main(rank: int, world: int, init_file: str, impl: str, ep_sizes: list[i
     dist.destroy_process_group()
 
 
-def measure(impl: str, ep_sizes: list[int], iters: int, repeats: int, threads: int) -> dict[int, float]:
+def measure(impl: str, ep_sizes: list[int], iters: int, repeats: int, threads: int,
+            stage: int | None = None) -> dict[int, float]:
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
         procs = [ctx.Process(target=rank_main, args=(r, 2, f"{tmp}/init", impl, ep_sizes, iters, repeats, threads,
-                                                      queue)) for r in range(2)]
+                                                      stage, queue)) for r in range(2)]
         for proc in procs:
             proc.start()
         results = queue.get(timeout=1800)
@@ -151,6 +205,8 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=TOKENS, help="tokens for --dispatch-sweep")
     parser.add_argument("--hidden", type=int, default=HIDDEN, help="hidden size for --dispatch-sweep")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of each implementation")
+    parser.add_argument("--engine", type=int, default=None, metavar="STAGE",
+                        help="train through dstrain.initialize / deepspeed.initialize at this ZeRO stage instead")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON only")
     args = parser.parse_args()
     if args.dispatch_sweep:
@@ -160,13 +216,13 @@ def main() -> None:
               f"(sparse / dense {found['sparse'] / found['dense']:.2f})")
         return
     if args.json:
-        print(json.dumps(measure(args.impl, args.ep, args.iters, args.repeats, args.threads)))
+        print(json.dumps(measure(args.impl, args.ep, args.iters, args.repeats, args.threads, args.engine)))
         return
     # Rounds alternate the two implementations, so a burst of load from elsewhere hits both alike.
     ours: dict[int, list[float]] = {ep: [] for ep in args.ep}
     theirs: dict[int, list[float]] = {ep: [] for ep in args.ep}
     for _ in range(args.rounds):
-        for ep, value in measure(args.impl, args.ep, args.iters, args.repeats, args.threads).items():
+        for ep, value in measure(args.impl, args.ep, args.iters, args.repeats, args.threads, args.engine).items():
             ours[ep].append(value)
         if args.deepspeed_python:
             for ep, value in deepspeed_figures(args).items():
@@ -183,7 +239,8 @@ def main() -> None:
 
 def deepspeed_figures(args: argparse.Namespace) -> dict[int, float]:
     command = [args.deepspeed_python, __file__, "--impl", "deepspeed", "--json", "--ep", *map(str, args.ep),
-               "--iters", str(args.iters), "--repeats", str(args.repeats), "--threads", str(args.threads)]
+               "--iters", str(args.iters), "--repeats", str(args.repeats), "--threads", str(args.threads),
+               *(["--engine", str(args.engine)] if args.engine is not None else [])]
     done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "DS_ACCELERATOR": "cpu"})
     if done.returncode != 0:
         sys.exit(f"DeepSpeed's run failed:\n{done.stderr[-3000:]}")
