@@ -207,3 +207,9 @@ def test_random_ltd_runs_from_its_own_key_as_in_deepspeed():
         warnings.simplefilter("error")
         cfg = dsconfig.load(alone, strict=True)
     assert cfg.data_efficiency.data_routing.random_ltd.enabled and "random-LTD" in cfg.enabled_features()
+
+
+def test_zeropp_at_stage_3_loads_and_is_named_among_the_features():
+    cfg = dsconfig.load({"zero_optimization": {"stage": 3, "zero_hpz_partition_size": 2, "zero_quantized_weights": True,
+                                               "zero_quantized_gradients": True}}, world_size=4, strict=True)
+    assert "ZeRO++ (hpZ, qwZ, qgZ)" in cfg.enabled_features()

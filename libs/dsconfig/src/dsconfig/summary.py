@@ -17,6 +17,10 @@ def enabled_features(cfg: DeepSpeedConfig) -> list[str]:
         features.append(f"optimizer offload to {zero.optimizer_offload_device}")
     if zero.param_offload_device != "none":
         features.append(f"parameter offload to {zero.param_offload_device}")
+    zeropp = [name for name, on in (("hpZ", zero.zero_hpz_partition_size > 1), ("qwZ", zero.zero_quantized_weights),
+                                     ("qgZ", zero.zero_quantized_gradients)) if on]
+    if zeropp:
+        features.append(f"ZeRO++ ({', '.join(zeropp)})")
     for name, flag in (("fp16", cfg.fp16.enabled), ("bf16", cfg.bf16.enabled)):
         if flag is True:
             features.append(name)
