@@ -24,8 +24,10 @@ from .init import Init
 from .layout import GroupLayout, Slot
 from .optimizer import ZeroOptimizer
 from .precision import DynamicLossScaler, LossScaler, Precision
+from .quantize import QuantSpec
 from .stage3 import GatheredParameters
 from .whole_tensors import TensorShards, WholeTensor
+from .zeropp import ZeroPPSettings
 
 __all__ = [
     "CheckpointError",
@@ -35,12 +37,14 @@ __all__ = [
     "Init",
     "LossScaler",
     "Precision",
+    "QuantSpec",
     "Slot",
     "TensorShards",
     "WholeTensor",
     "ZeroConfigError",
     "ZeroError",
     "ZeroOptimizer",
+    "ZeroPPSettings",
     "__version__",
     "convert_zero_checkpoint_to_fp32_state_dict",
     "estimate_zero2_model_states_mem_needs_all_cold",

@@ -4,8 +4,8 @@ A node is `per_node` consecutive ranks of the data-parallel group (in its rank o
 same way on every rank:
 1. `zero_hpz_partition_size` when it is above 1: hpZ's secondary group is, by the reference, the
    ranks of one node;
-2. else the `LOCAL_WORLD_SIZE` environment variable (processes per node: torchrun and dstrain's
-   launcher set it), counting only this data-parallel group's ranks among them;
+2. else the `LOCAL_WORLD_SIZE` environment variable (processes per node: torchrun sets it, under dstrain's
+   launcher too), counting only this data-parallel group's ranks among them;
 3. else the whole group is one node.
 One machine simulates nodes the same way: 4 ranks run as 2 "nodes" of 2 with zero_hpz_partition_size 2,
 or with LOCAL_WORLD_SIZE=2 in each rank's environment (what torchrun sets on 2 machines of 2 processes).
