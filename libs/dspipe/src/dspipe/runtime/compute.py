@@ -144,13 +144,21 @@ def backward_input(work: Work, scale: float) -> None:
 
 
 def backward_weights(work: Work) -> None:
-    """W: the parameters' gradients from the graphs and output gradients I kept."""
+    """W: the parameters' gradients from the graphs and output gradients I kept. The pieces' graphs are
+    disjoint (each starts from fresh leaves), so one autograd pass over all of them computes each
+    weight's gradient once."""
+    outs: list[torch.Tensor] = []
+    grads: list[torch.Tensor] = []
+    params: dict[int, torch.Tensor] = {}
     for piece in work.pieces:
-        params = [p for p in piece.params if p.requires_grad]
-        if not params or piece.output is None or not piece.grads:
+        mine = [p for p in piece.params if p.requires_grad]
+        if not mine or piece.output is None or not piece.grads:
             continue
-        outs = [t for t in floats(piece.output) if t.requires_grad]
-        torch.autograd.backward(outs, piece.grads, inputs=params)
+        outs += [t for t in floats(piece.output) if t.requires_grad]
+        grads += piece.grads
+        params.update((id(p), p) for p in mine)
+    if outs:
+        torch.autograd.backward(outs, grads, inputs=list(params.values()))
     work.weights_done = True
     work.pieces = []
 
