@@ -5,6 +5,7 @@ and what it writes (summary table, CSV, progress line)."""
 
 import csv
 import io
+import json
 import math
 import statistics
 
@@ -233,7 +234,7 @@ def test_summary_table_csv_and_progress_line():
     assert {r["status"] for r in rows} == {"ok", "crash"}
     ok = next(r for r in rows if r["status"] == "ok")
     assert float(ok["throughput_samples_per_s"]) > 0 and int(ok["train_batch_size"]) == int(ok["micro_batch"]) * 2
-    assert len(lines) == 4 and lines[0].startswith("[1/~4] z0_gas1_tmbspg2 (tuning): crash (RuntimeError: boom)")
+    assert len(lines) == 4 and lines[0].startswith("[1/~4] z0_gas1_tmbspg2 (probe): crash (RuntimeError: boom)")
     assert "left" in lines[1] and "last planned" in lines[-1]
 
 
@@ -255,3 +256,70 @@ def test_failed_runs_are_told_apart():
     assert status == "no-metrics" and "step 5" in reason
     assert classify(0, "", {"flops": None, "flops_error": "x"}, "flops", 5) == ("no-metrics", "flops: x")
     assert classify(0, "", {"throughput": 3.0}, "throughput", 5) == ("ok", "")
+
+
+def test_a_fixed_train_batch_size_starts_from_a_micro_batch_that_divides_it():
+    machine = Machine(memory=10**12)
+    result = search({"train_batch_size": 24, "train_micro_batch_size_per_gpu": 5, "zero_optimization": {"stage": 1}},
+                    machine, world=2)
+    assert machine.runs[0].micro_batch == 6 and {p.train_batch for p in machine.runs} == {24}
+    assert {p.micro_batch for p in machine.runs} <= {6, 12}
+    assert result.best.point.micro_batch in (6, 12)
+
+
+def test_bucket_sizes_the_model_cannot_fill_are_tried_once():
+    machine = Machine(memory=10**12, params=1_000_000)  # every default bucket (5e7 and up) holds the whole model
+    result = search({"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": [2, 4],
+                     "autotuning": {"fast": False, "tuner_type": "gridsearch"}}, machine)
+    assert {p.knob("reduce_bucket_size") for p in machine.runs} == {50_000_000}
+    assert len(result.records) == 4  # 2 micro-batches x overlap on/off
+
+
+# ---------------------------------------------------------------------------- one experiment (real processes)
+def runner_for(tmp_path, code, **kwargs):
+    import sys
+
+    from dstrain.autotuning.experiments import ExperimentRunner
+
+    return ExperimentRunner({"optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}, metric="throughput", end_step=3,
+                            exps_dir=tmp_path / "exps", results_dir=tmp_path / "results",
+                            command=lambda path, config: [sys.executable, "-c", code], description={"world_size": 1},
+                            **kwargs)
+
+
+def test_an_experiment_reads_the_metrics_its_run_writes(tmp_path):
+    from dstrain.autotuning import Point
+
+    writes = ("import json, os; json.dump({'throughput': 5.0, 'num_params': 7}, "
+              "open(os.environ['DSTRAIN_AUTOTUNING_METRICS'], 'w'))")
+    outcome = runner_for(tmp_path, writes)(Point(1, 2, 1, 2))
+    assert outcome.status == "ok" and outcome.metrics["throughput"] == 5.0
+    folder = tmp_path / "results" / "z1_gas1_tmbspg2"
+    exp = json.loads((folder / "exp.json").read_text())
+    assert exp["status"] == "ok" and exp["ds_config"]["zero_optimization"]["stage"] == 1
+    assert json.loads((folder / "ds_config.json").read_text()) == exp["ds_config"]
+    assert json.loads((tmp_path / "exps" / "z1_gas1_tmbspg2.json").read_text())["world_size"] == 1
+
+
+def test_earlier_results_are_reused_only_for_the_same_config_and_command(tmp_path):
+    from dstrain.autotuning import Point
+
+    point = Point(0, 2, 1, 2)
+    first = runner_for(tmp_path, "import sys; sys.exit(3)")(point)
+    assert (first.status, first.reason, first.reused) == ("crash", "exit code 3", False)
+    again = runner_for(tmp_path, "import sys; sys.exit(3)")(point)
+    assert again.reused and again.status == "crash"
+    changed = runner_for(tmp_path, "import sys; sys.exit(4)")(point)  # another command: measured anew
+    assert not changed.reused and changed.reason == "exit code 4"
+    forced = runner_for(tmp_path, "import sys; sys.exit(4)", overwrite=True)(point)
+    assert not forced.reused
+
+
+def test_an_experiment_past_its_timeout_is_stopped_and_recorded(tmp_path):
+    import time
+
+    from dstrain.autotuning import Point
+
+    began = time.monotonic()
+    outcome = runner_for(tmp_path, "import time; time.sleep(60)", timeout=1.0, grace=5.0)(Point(0, 1, 1, 1))
+    assert outcome.status == "timeout" and time.monotonic() - began < 20

@@ -21,6 +21,7 @@ from dstrain.autotuning.script_args import (
     with_config,
     with_mapped_values,
 )
+from dstrain.autotuning.space import unread_lists
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "configs" / "zero2.json"
 
@@ -45,11 +46,16 @@ def test_full_space_tunes_the_knobs_dszero_reads_at_each_stage():
 
 
 def test_the_users_values_narrow_or_widen_the_space_as_deepspeeds_do():
-    zero = {"overlap_comm": False, "reduce_bucket_size": [1000, 2000], "contiguous_gradients": [True, False]}
+    zero = {"overlap_comm": False, "reduce_bucket_size": [1000, 2000], "contiguous_gradients": [True, False],
+            "stage3_max_live_parameters": [10**8, 10**9]}
     dims = knob_dimensions(2, zero, fast=False)
     assert "overlap_comm" not in dims  # a single value fixes the knob
     assert dims["reduce_bucket_size"] == (1000, 2000)  # a list is the candidates
-    assert dims["contiguous_gradients"] == (True, False)  # a list on another key widens the space
+    assert "contiguous_gradients" not in dims and "stage3_max_live_parameters" not in dims  # not read at stage 2
+    assert unread_lists(2, zero) == ["contiguous_gradients", "stage3_max_live_parameters"]
+    stage3 = knob_dimensions(3, zero, fast=False)
+    assert stage3["stage3_max_live_parameters"] == (10**8, 10**9)  # a list on a key the stage reads widens it
+    assert "reduce_bucket_size" not in stage3
     assert knob_dimensions(2, {"reduce_bucket_size": "auto"}, fast=False)["reduce_bucket_size"][0] == 50_000_000
 
 

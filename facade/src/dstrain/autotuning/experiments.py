@@ -6,8 +6,8 @@ DSTRAIN_AUTOTUNING_METRICS naming results_dir/<name>/metrics.json, which the eng
 autotuning.end_profile_step and then ends the run (engine_metrics.py). The launcher's output goes to
 stdout.log / stderr.log beside it, the command to cmd.txt, and the outcome to exp.json. A failed run
 (out of memory, a crash, a timeout, no metrics) is an outcome like any other: recorded, never raised.
-With autotuning.overwrite false, an experiment whose exp.json holds an outcome for the same config is
-not run again.
+With autotuning.overwrite false, an experiment whose exp.json holds an outcome for the same config and
+the same command (script, its arguments, the job's size) is not run again.
 """
 
 from __future__ import annotations
@@ -128,8 +128,8 @@ class ExperimentRunner:
         _write_json(self.exps_dir / f"{point.name}.json", exp)
         if not self.overwrite:
             earlier = _read_json(folder / "exp.json")
-            if earlier and earlier.get("ds_config") == config and earlier.get("status") in ("ok", "oom", "crash",
-                                                                                           "timeout", "no-metrics"):
+            same = earlier and earlier.get("ds_config") == config and earlier.get("command") == exp["command"]
+            if same and earlier.get("status") in ("ok", "oom", "crash", "timeout", "no-metrics"):
                 return Outcome(earlier["status"], earlier.get("metrics") or {}, earlier.get("reason", ""),
                                float(earlier.get("seconds", 0.0)), reused=True)
         folder.mkdir(parents=True, exist_ok=True)

@@ -30,7 +30,7 @@ from .batches import tuning_micro_batches
 from .configs import config_problems, experiment_config
 from .memory import ModelInfo
 from .request import TuningRequest
-from .space import OFFLOAD_SECTIONS, Point, features, knob_dimensions, stage_points
+from .space import OFFLOAD_SECTIONS, Point, features, knob_dimensions, stage_points, unread_lists
 from .tuners import Exploration, explore
 
 FAILURES = ("oom", "crash", "timeout", "no-metrics")
@@ -121,9 +121,11 @@ class Search:
             if found is None:
                 continue
             stage_best, largest = found
-            helped = best is None or ranking.better(self.request.metric, stage_best.value(self.request.metric)
-                                                    if stage_best else None, best.value(self.request.metric))
-            if not self.request.stages_chosen and best is not None and not helped and largest <= largest_below:
+            metric = self.request.metric
+            helped = best is None or ranking.better(metric, stage_best.value(metric) if stage_best else None,
+                                                    best.value(metric))
+            if not self.request.stages_chosen and best is not None and stage_best is not None and not helped \
+                    and largest <= largest_below:
                 rest = self.request.stages[position + 1:]
                 if rest:
                     self.result.notes.append(
@@ -141,39 +143,40 @@ class Search:
     def _tune_stage(self, stage: int) -> tuple[Record | None, int] | None:
         req, limits = self.request, self.request.limits
         self._stage_left = None
-        dims = knob_dimensions(stage, req.zero_section, fast=self.settings.fast,
-                               num_params=self.info.num_params if self.info else None)
-        low = min(req.micro_batches) if req.micro_batches else min(req.min_micro_batch, limits.largest_micro_batch())
+        listed = [m for m in req.micro_batches if limits.triple(m)] if req.micro_batches else None
+        if req.micro_batches and len(listed) < len(req.micro_batches):
+            self._note(f"z{stage}: micro-batch(es) {sorted(set(req.micro_batches) - set(listed))} skipped: no batch "
+                       f"triple within the limits ({self._limits_text()})")
+        runnable = listed if listed is not None else limits.allowed(req.min_micro_batch, limits.largest_micro_batch())
+        if not runnable:
+            self._note(f"z{stage}: no micro-batch to try within the limits ({self._limits_text()})")
+            return None
+        low = runnable[0]
+        if self.info is None:  # the model-information run: the smallest point of the first stage
+            first = self._run(self._base(stage, low, self._dims(stage)), "probe")
+            if (first is None or not first.outcome.ok) and listed is None:
+                reason = first.outcome.reason if first else "the config check refuses every point"
+                self._note(f"z{stage}: does not run at micro-batch {low}: {reason}")
+                return None
+        dims = self._dims(stage)  # with the model's size known, equivalent bucket sizes collapse
+        unread = unread_lists(stage, req.zero_section) if not self.settings.fast else []
+        if unread:
+            self._note(f"z{stage}: {', '.join(unread)} not tuned: dszero does not read them at this stage (their "
+                       f"first value is used)")
         fit = self._fit(stage)
         if fit is not None and fit < low:
             self._note(f"z{stage}: not launched: micro-batch {low} does not fit: {self._describe(stage, low)}")
             return None
-        if req.micro_batches:
-            micro_batches = [m for m in req.micro_batches if limits.triple(m)]
-            unusable = sorted(set(req.micro_batches) - set(micro_batches))
-            if unusable:
-                self._note(f"z{stage}: micro-batch(es) {unusable} skipped: no batch triple within the limits "
-                           f"({self._limits_text()})")
-            over = [m for m in micro_batches if fit is not None and m > fit]
+        if listed is not None:
+            over = [m for m in listed if fit is not None and m > fit]
             if over:
                 self._note(f"z{stage}: micro-batch(es) {over} not launched: {self._describe(stage, over[0])}")
-            micro_batches = [m for m in micro_batches if m not in over]
+            micro_batches = [m for m in listed if m not in over]
         else:
-            high = limits.largest_micro_batch()
-            if self.info is None:  # the model-information run: the smallest point of the first stage
-                first = self._run(self._base(stage, low, dims), "probe")
-                if first is None or not first.outcome.ok:
-                    reason = first.outcome.reason if first else "it is refused by the config check"
-                    self._note(f"z{stage}: does not run at micro-batch {low}: {reason}")
-                    return None
-                dims = knob_dimensions(stage, req.zero_section, fast=self.settings.fast,
-                                       num_params=self.info.num_params if self.info else None)
-                fit = self._fit(stage)
-            if fit is not None:
-                if fit < high:
-                    self._note(f"z{stage}: micro-batches above {fit} not launched: "
-                               f"{self._describe(stage, fit + 1)}")
-                high = min(high, fit)
+            high = runnable[-1]
+            if fit is not None and fit < high:
+                self._note(f"z{stage}: micro-batches above {fit} not launched: {self._describe(stage, fit + 1)}")
+                high = fit
             largest = self._largest_runnable(stage, low, high, dims)
             if largest is None:
                 return None
@@ -232,17 +235,22 @@ class Search:
         return candidates[good]
 
     # ------------------------------------------------------------------ helpers
-    def _base(self, stage: int, micro_batch: int, dims: dict) -> Point:
-        """The point at `micro_batch` with each knob at its first candidate (the probes' point)."""
-        mb, gas, tb = self.request.limits.triple(micro_batch)
-        return stage_points(stage, [(mb, gas, tb)], {k: v[:1] for k, v in dims.items()})[0]
+    def _dims(self, stage: int) -> dict:
+        return knob_dimensions(stage, self.request.zero_section, fast=self.settings.fast,
+                               num_params=self.info.num_params if self.info else None)
+
+    def _base(self, stage: int, micro_batch: int, dims: dict) -> Point | None:
+        """The probes' point at `micro_batch`: the first in grid order the config check lets through."""
+        points = stage_points(stage, [self.request.limits.triple(micro_batch)], dims)
+        return next((p for p in points if self._valid(p)), None)
 
     def _offloads(self, stage: int) -> dict[str, bool]:
         zero = self.request.zero_section
         found = {}
         for section, lowest in OFFLOAD_SECTIONS.items():
-            device = (zero.get(section) or {}).get("device", "none") if isinstance(zero.get(section), dict) else "none"
-            device = device[0] if isinstance(device, list) and device else device
+            offload = zero.get(section)
+            device = offload.get("device", "none") if isinstance(offload, dict) else "none"
+            device = device[0] if isinstance(device, list) and device else device  # a list: its first is the base
             found[section] = stage >= lowest and device not in (None, "none", AUTO)
         return found
 
@@ -273,14 +281,17 @@ class Search:
         return not self._checked[point.name]
 
     def _cache_reason(self, stage: int, micro_batch: int, dims: dict) -> str:
-        record = self._cache.get(self._base(stage, micro_batch, dims).name)
+        point = self._base(stage, micro_batch, dims)
+        record = self._cache.get(point.name) if point else None
         return f"{record.outcome.status}: {record.outcome.reason}" if record else "not run"
 
     def _note(self, text: str) -> None:
         self.result.notes.append(text)
 
-    def _run(self, point: Point, role: str) -> Record | None:
+    def _run(self, point: Point | None, role: str) -> Record | None:
         """The point's record, run once per session; None when the config check refuses the point."""
+        if point is None:
+            return None
         if point.name in self._cache:
             return self._cache[point.name]
         if not self._valid(point):
@@ -300,14 +311,20 @@ class Search:
         return record
 
     def _left(self) -> int:
-        """About how many experiments are still to come (stages not started count their whole space)."""
-        left = max(self._stage_left - 1, 0) if self._stage_left else 0
-        num = self.info.num_params if self.info else None
-        for stage in self.request.stages[self._current + 1:]:
-            combos = 1
-            for values in knob_dimensions(stage, self.request.zero_section, fast=self.settings.fast,
-                                          num_params=num).values():
-                combos *= len(values)
-            micro = len(self.request.micro_batches or ()) or self.settings.num_tuning_micro_batch_sizes
-            left += min(self.settings.tuner_num_trials, micro * combos) + (0 if self.request.micro_batches else 1)
-        return left
+        """About how many experiments are still to come: the rest of this stage's exploration (or, while it
+        is still being probed, its estimate less what it ran) and the estimate of each stage after it."""
+        stages = self.request.stages
+        current = stages[self._current]
+        if self._stage_left is not None:
+            left = max(self._stage_left - 1, 0)
+        else:
+            ran = sum(1 for r in self.result.records if r.point.stage == current)
+            left = max(self._stage_estimate(current) - ran, 0)
+        return left + sum(self._stage_estimate(stage) for stage in stages[self._current + 1:])
+
+    def _stage_estimate(self, stage: int) -> int:
+        combos = 1
+        for values in self._dims(stage).values():
+            combos *= len(values)
+        micro = len(self.request.micro_batches or ()) or self.settings.num_tuning_micro_batch_sizes
+        return min(self.settings.tuner_num_trials, micro * combos) + (0 if self.request.micro_batches else 1)

@@ -1,11 +1,12 @@
 """The tuning space: the points an experiment can be run at, their names, and their features.
 
 A point is a ZeRO stage, a batch triple and, unless `fast` is set, values for the stage's knobs. The
-knobs tuned by default are the ones dszero reads at that stage (what `ZeroOptimizer.effective_settings`
-reports): bucket sizes and overlap at stage 2, the prefetch bucket and persistence threshold at stage 3,
-and the offload device where the user's config offloads. Stages 0 and 1 reduce one flat buffer, so
-they have no knob that changes speed. The user's config narrows or widens each knob as DeepSpeed's
-does: a list is the candidates, a single value fixes it, "auto" (or leaving it out) takes the defaults.
+knobs tuned by default are ones dszero reads at that stage (what `ZeroOptimizer.effective_settings`
+reports): the bucket size and overlap at stage 2, the prefetch bucket and persistence threshold at
+stage 3, and the offload device where the user's config offloads. Stages 0 and 1 reduce one flat
+buffer, so they have no knob that changes speed. The user's config narrows or widens each knob as
+DeepSpeed's does: a list is the candidates, a single value fixes it, "auto" (or leaving it out) takes
+the defaults; a list for a key the stage does not read is not tuned (its first value is used).
 """
 
 from __future__ import annotations
@@ -30,6 +31,13 @@ DEFAULT_KNOBS: dict[int, dict[str, tuple[Any, ...]]] = {
     2: {"overlap_comm": (True, False), "reduce_bucket_size": (50_000_000, 500_000_000, 1_000_000_000)},
     3: {"stage3_prefetch_bucket_size": (50_000_000, 500_000_000),
         "stage3_param_persistence_threshold": (10_000, 100_000, 1_000_000)},
+}
+# What dszero reads at each stage (ZeroOptimizer.effective_settings, and overlap at 2): only these change speed,
+# so a user's list of candidates for any other key is not tuned (its first value is used).
+STAGE_READS: dict[int, frozenset[str]] = {
+    0: frozenset(), 1: frozenset(), 2: frozenset({"overlap_comm", "reduce_bucket_size"}),
+    3: frozenset({"stage3_prefetch_bucket_size", "stage3_param_persistence_threshold", "stage3_max_live_parameters",
+                  "stage3_max_reuse_distance", "sub_group_size"}),
 }
 # Buckets of at least the model's size all hold every gradient at once: one of them stands for the rest.
 BUCKET_KEYS = frozenset({"reduce_bucket_size", "stage3_prefetch_bucket_size", "allgather_bucket_size"})
@@ -112,8 +120,8 @@ def knob_dimensions(stage: int, zero_section: Mapping[str, Any], *, fast: bool,
             dims[key] = tuple(given)
         elif given == AUTO:
             dims[key] = defaults
-    for key, given in zero_section.items():  # the user's own lists widen the space (known keys: others are typos)
-        if isinstance(given, list) and key in _ZERO_KEYS and key not in dims:
+    for key, given in zero_section.items():  # the user's own lists widen the space where the stage reads the key
+        if isinstance(given, list) and key in STAGE_READS[stage] and key not in dims:
             dims[key] = tuple(given)
     for section, lowest in OFFLOAD_SECTIONS.items():
         offload = zero_section.get(section)
@@ -128,6 +136,12 @@ def knob_dimensions(stage: int, zero_section: Mapping[str, Any], *, fast: bool,
         for key in BUCKET_KEYS & dims.keys():
             dims[key] = collapse_buckets(dims[key], num_params)
     return {key: _unique(values) for key, values in sorted(dims.items()) if values}
+
+
+def unread_lists(stage: int, zero_section: Mapping[str, Any]) -> list[str]:
+    """Keys the user gave candidates for that dszero does not read at `stage` (not tuned there)."""
+    return sorted(key for key, given in zero_section.items()
+                  if isinstance(given, list) and key in _ZERO_KEYS and key not in STAGE_READS[stage])
 
 
 def collapse_buckets(values: Sequence[Any], num_params: int) -> tuple[Any, ...]:
