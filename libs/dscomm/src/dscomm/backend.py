@@ -210,12 +210,22 @@ def set_timeout(timeout: datetime.timedelta) -> None:
     _timeout = timeout
 
 
-def destroy() -> None:
-    """Leave the process group and forget every group dscomm created."""
+def destroy(synchronize: bool = True) -> None:
+    """Leave the process group and forget every group dscomm created.
+
+    synchronize: first wait at a barrier for every rank to get here. A rank that tears its gloo
+    connections down while a peer still finishes its last collective makes that peer's gloo thread
+    fail, and the process abort with `terminate called without an active exception` (seen under load
+    at the end of a script that calls destroy_process_group()). The failure path passes False: its
+    peers are gone.
+    """
     from . import groups
 
     groups.reset()
     if is_initialized():
+        if synchronize and dist.get_world_size() > 1:
+            with contextlib.suppress(Exception):  # a peer already gone: leave anyway
+                dist.barrier()
         dist.destroy_process_group()
 
 
@@ -237,7 +247,7 @@ def shut_down_after_failure(failure: str, exc: BaseException) -> bool:
         traceback.clear_frames(exc.__traceback__)  # the frames still running (ours) are left as they are
     _shut_down_by = failure
     with contextlib.suppress(Exception):  # already failing: the failure is the error to report
-        destroy()
+        destroy(synchronize=False)
     return True
 
 

@@ -159,7 +159,7 @@ def _rank_main(fn, rank, world_size, init_file, backend, deadline, pg_timeout, r
 
     torch.set_num_threads(1)  # ranks share the machine's cores; more threads only contend
 
-    stage = "rendezvous"
+    stage, finished = "rendezvous", False
     try:
         _join(rank, world_size, init_file, backend, deadline, pg_timeout)
         joined[rank] = 1
@@ -168,11 +168,13 @@ def _rank_main(fn, rank, world_size, init_file, backend, deadline, pg_timeout, r
         # Plain pickle bytes: torch's queue would pass tensors as shared memory, which breaks once
         # this process exits before the parent has read them.
         results.put((rank, "ok", pickle.dumps(value)))
+        finished = True
     except BaseException:
         results.put((rank, stage, traceback.format_exc()))
     finally:
         with contextlib.suppress(Exception):  # a peer may already be gone
-            dscomm.destroy()
+            # A finished rank waits for its peers before leaving; a failed one leaves at once, so they fail fast.
+            dscomm.destroy(synchronize=finished)
         results.close()
         results.join_thread()
 
