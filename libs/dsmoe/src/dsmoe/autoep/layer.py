@@ -1,0 +1,156 @@
+"""The dropless expert-parallel MoE block AutoEP puts in place of a Hugging Face one.
+
+It keeps the block's own router and shared-expert modules under their own names (so the router's
+output hooks transformers uses for `router_logits` and the aux loss still fire, and a DeepSeek-V3
+correction bias stays where the model keeps it, parameter or buffer) and replaces the experts by
+`LocalExperts`: the same weight names and layout, holding this rank's slice of the experts.
+
+Forward: route in float32 -> permute token copies expert-major -> (ep > 1) one all-to-all of the
+per-expert counts, one host sync for every split size, an exact-split all-to-all-v of the rows ->
+the local experts' grouped MLP -> the way back -> combine weighted by the scores ("post") or with
+the scores applied to the rows before the experts ("pre").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..all_to_all import all_to_all, exchange_counts
+from ..errors import MoEError
+from .grouped import expert_mlp
+from .routing import RoutingSpec, route
+
+
+@dataclass(frozen=True)
+class BlockNames:
+    """Child attribute names of a MoE block and the weight names of its experts module."""
+
+    router: str
+    experts: str
+    w1: str
+    w2: str
+    w3: str | None
+    shared_experts: str | None = None
+    shared_experts_gate: str | None = None
+    correction_bias: str | None = None
+
+
+class LocalExperts(nn.Module):
+    """This rank's experts [first, first + count) of a layer of `num_global` experts, their weights
+    stacked as the model stored them (names and layout unchanged)."""
+
+    def __init__(self, weights: dict[str, torch.Tensor], first: int, num_global: int, in_out: bool,
+                 act: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        super().__init__()
+        self.weight_names = tuple(weights)
+        for name, tensor in weights.items():
+            self.register_parameter(name, nn.Parameter(tensor))
+        self.first_expert = first
+        self.num_local = next(iter(weights.values())).shape[0]
+        self.num_global = num_global
+        self.in_out = in_out
+        self.act_fn = act
+
+    def global_expert_ids(self) -> range:
+        return range(self.first_expert, self.first_expert + self.num_local)
+
+
+class AutoEPLayer(nn.Module):
+    def __init__(self, block: nn.Module, names: BlockNames, spec: RoutingSpec, experts: LocalExperts,
+                 ep_group: Any, ep_size: int, score_apply: str, combine_impl: str, backend: str) -> None:
+        super().__init__()
+        self.names = names
+        self.spec = spec
+        self.ep_group = ep_group
+        self.ep_size = ep_size
+        self.score_apply = score_apply
+        self.combine_impl = combine_impl
+        self.backend = backend
+        self.expert_data_group: Any = None  # set by the facade: where expert gradients are averaged
+        for child in (names.router, names.experts, names.shared_experts, names.shared_experts_gate):
+            if child is not None and hasattr(self, child):
+                raise MoEError(f"expert_parallel: child name {child!r} is an attribute of AutoEPLayer; rename the "
+                               f"module (router_pattern, expert_pattern, shared_experts_pattern)")
+        self.add_module(names.router, getattr(block, names.router))
+        self.add_module(names.experts, experts)
+        for child in (names.shared_experts, names.shared_experts_gate):
+            if child is not None:
+                self.add_module(child, getattr(block, child))
+
+    @property
+    def router_module(self) -> nn.Module:
+        return getattr(self, self.names.router)
+
+    @property
+    def local_experts(self) -> LocalExperts:
+        return getattr(self, self.names.experts)
+
+    def extra_repr(self) -> str:
+        return (f"experts={self.spec.num_experts}, top_k={self.spec.top_k}, ep_size={self.ep_size}, "
+                f"backend={self.backend!r}, score_apply={self.score_apply!r}")
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        shape = hidden_states.shape
+        x = hidden_states.reshape(-1, shape[-1])
+        out = self.router_module(x)  # the model's router: its hooks record router_logits as before
+        logits = out[0] if isinstance(out, tuple) else out
+        bias = getattr(self.router_module, self.names.correction_bias) if self.names.correction_bias else None
+        weights, indices = route(logits, self.spec, bias)
+        y = self._routed(x, weights, indices)
+        if self.names.shared_experts is not None:
+            shared = getattr(self, self.names.shared_experts)(x)
+            if self.names.shared_experts_gate is not None:
+                shared = F.sigmoid(getattr(self, self.names.shared_experts_gate)(x)) * shared
+            y = y + shared
+        return y.view(shape)
+
+    def _routed(self, x: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+        tokens, top_k = indices.shape
+        flat = indices.reshape(-1)
+        order = torch.argsort(flat, stable=True)  # token copies expert-major
+        rows = x.index_select(0, order // top_k)
+        if self.score_apply == "pre":
+            rows = rows * weights.reshape(-1)[order].unsqueeze(1).to(rows.dtype)
+        counts = torch.bincount(flat, minlength=self.spec.num_experts)
+        if self.ep_size == 1:
+            rows = self._experts(rows, counts.tolist())
+        else:
+            rows = self._exchange_and_compute(rows, counts)
+        inverse = torch.empty_like(order)
+        inverse[order] = torch.arange(order.numel(), device=order.device)
+        per_copy = rows.index_select(0, inverse).view(tokens, top_k, -1)
+        if self.score_apply == "pre":
+            return per_copy.float().sum(dim=1).to(x.dtype)
+        if self.combine_impl == "legacy_bmm":
+            return torch.bmm(weights.unsqueeze(1), per_copy.float()).squeeze(1).to(x.dtype)
+        return (per_copy.float() * weights.unsqueeze(-1)).sum(dim=1).to(x.dtype)
+
+    def _experts(self, rows: torch.Tensor, sizes: list[int]) -> torch.Tensor:
+        experts, names = self.local_experts, self.names
+        w3 = getattr(experts, names.w3) if names.w3 is not None else None
+        return expert_mlp(rows, sizes, getattr(experts, names.w1), getattr(experts, names.w2), w3, experts.in_out,
+                          experts.act_fn, self.backend)
+
+    def _exchange_and_compute(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        ranks, local = self.ep_size, self.local_experts.num_local
+        received = exchange_counts(counts, self.ep_group)  # [source rank x local expert]
+        host = torch.cat([counts, received]).tolist()  # the layer's one host sync
+        send = [sum(host[r * local:(r + 1) * local]) for r in range(ranks)]
+        recv_counts = host[ranks * local:]
+        recv = [sum(recv_counts[r * local:(r + 1) * local]) for r in range(ranks)]
+        sizes = [sum(recv_counts[r * local + e] for r in range(ranks)) for e in range(local)]
+        arrived = all_to_all(rows, self.ep_group, recv, send)
+        # arrived rows are grouped by source rank, then expert: regroup expert-major for the GEMMs
+        expert_of_row = torch.arange(ranks * local, device=rows.device).remainder(local).repeat_interleave(
+            received, output_size=sum(recv))
+        by_expert = torch.argsort(expert_of_row, stable=True)
+        computed = self._experts(arrived.index_select(0, by_expert), sizes)
+        back = torch.empty_like(by_expert)
+        back[by_expert] = torch.arange(by_expert.numel(), device=by_expert.device)
+        return all_to_all(computed.index_select(0, back), self.ep_group, send, recv)
