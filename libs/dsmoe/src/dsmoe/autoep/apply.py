@@ -22,6 +22,7 @@ from torch import nn
 from dsconfig import ExpertParallelConfig
 
 from ..errors import MoEError
+from ..experts import mark_expert_parameters
 from .grouped import choose_backend
 from .layer import AutoEPLayer, BlockNames, LocalExperts
 from .presets import PRESETS, Preset, preset_for_model_type
@@ -78,6 +79,7 @@ def apply(model: nn.Module, config: ExpertParallelConfig, ep_group: Any = None, 
         dims = [hidden, *w1.shape[1:], *getattr(local, names.w2).shape[1:]]
         chosen = choose_backend(config.use_grouped_mm, config.disable_triton_grouped_mm, w1.device, w1.dtype, dims,
                                 backend)
+        mark_expert_parameters(local, f"ep_size_{ep_size}")  # dsmoe's tags: param groups, ZeRO keys, checkpoints
         layer = AutoEPLayer(block, names, spec, local, ep_group, ep_size, plan.score_apply, plan.combine_impl, chosen)
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, child, layer)
