@@ -9,6 +9,7 @@
 """
 
 from . import checkpointing, groups
+from . import exit_settle as exit_settle  # registers its exit function (see its docstring)
 from ._version import __version__
 from .backend import (
     destroy,

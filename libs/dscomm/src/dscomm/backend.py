@@ -213,11 +213,10 @@ def set_timeout(timeout: datetime.timedelta) -> None:
 def destroy(synchronize: bool = True) -> None:
     """Leave the process group and forget every group dscomm created.
 
-    synchronize: first wait at a barrier for every rank to get here. A rank that tears its gloo
-    connections down while a peer still finishes its last collective makes that peer's gloo thread
-    fail, and the process abort with `terminate called without an active exception` (seen under load
-    at the end of a script that calls destroy_process_group()). The failure path passes False: its
-    peers are gone.
+    synchronize: first wait at a barrier for every rank to get here, so no rank tears its gloo
+    connections down while a peer still finishes its last collective. The failure path passes False:
+    its peers are gone. (The abort once seen at the exit of such scripts under load came from a gloo
+    worker freeing a tensor during finalization; exit_settle.py handles that.)
     """
     from . import groups
 
