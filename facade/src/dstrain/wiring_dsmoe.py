@@ -31,8 +31,17 @@ import dscomm
 import dsmoe
 from dscomm.tags import EXPERT_GROUP_NAME_KEY
 from dsconfig import DeepSpeedConfig, Problem
+from dsmoe import autoep
 
 from .errors import CheckpointLoadError, DstrainError, UnsupportedFeatureError
+from .wiring_autoep import (
+    apply_autoep,
+    autoep_state_names,
+    broadcast_autoep_experts,
+    load_autoep_experts,
+    renew_optimizer_params,
+    save_autoep_experts,
+)
 
 EXPERT_FILE_SUFFIX = ".safetensors"
 _GROUP_NAME = re.compile(r"ep_size_(\d+)")
@@ -40,7 +49,9 @@ _GROUP_NAME = re.compile(r"ep_size_(\d+)")
 
 def apply_experts(composed: Any, config: DeepSpeedConfig, groups: Any) -> Any:
     """Give every MoE layer of composed.model its expert groups and split the optimizer's parameters
-    into DeepSpeed's MoE groups (no-op without MoE layers)."""
+    into DeepSpeed's MoE groups (no-op without MoE layers). AutoEP (expert_parallel.enabled) swaps
+    Hugging Face MoE blocks first (wiring_autoep)."""
+    composed = apply_autoep(composed, config, groups, expert_groups)
     layers = dsmoe.moe_layers(composed.model)
     if not layers:
         return composed
@@ -75,8 +86,9 @@ def expert_param_group_keys(optimizer: Any, module: torch.nn.Module, groups: Any
     """Before ZeRO wraps `optimizer`: its MoE groups get dszero's "process_group" and
     "gradient_average_over". A client optimizer built from plain parameters has its groups split
     first, as DeepSpeed's engine splits the parameters it builds an optimizer from."""
-    if optimizer is None or not dsmoe.moe_layers(module):
+    if optimizer is None or not _has_experts(module):
         return
+    renew_optimizer_params(optimizer, module)  # a client optimizer: AutoEP's slices for the whole experts
     param_groups = optimizer.param_groups
     if not any(dsmoe.is_moe_param_group(group) for group in param_groups):
         if optimizer.state:
@@ -101,6 +113,10 @@ def expert_param_group_keys(optimizer: Any, module: torch.nn.Module, groups: Any
         group.setdefault("gradient_average_over", data)
 
 
+def _has_experts(module: torch.nn.Module) -> bool:
+    return bool(dsmoe.moe_layers(module)) or bool(autoep.autoep_layers(module))
+
+
 def _ep_size_of(group: dict[str, Any], index: int) -> int:
     name = str(group.get(EXPERT_GROUP_NAME_KEY, ""))
     match = _GROUP_NAME.fullmatch(name)
@@ -119,6 +135,7 @@ def is_expert_tensor(tensor: torch.Tensor) -> bool:
 def broadcast_expert_parameters(module: torch.nn.Module) -> None:
     """Every rank starts from its expert-data-parallel group's first rank's experts (the dense
     weights come from the data-parallel group's first rank; experts differ across expert ranks)."""
+    broadcast_autoep_experts(module)
     with torch.no_grad():
         for _, layer in dsmoe.moe_layers(module):
             group = layer.expert_data_group
@@ -132,11 +149,13 @@ def broadcast_expert_parameters(module: torch.nn.Module) -> None:
 # ------------------------------------------------------------------------------------------ checkpoints
 def expert_state_names(module: torch.nn.Module) -> set[str]:
     """State-dict names the per-expert files hold (left out of the module file)."""
-    return dsmoe.checkpoint.expert_state_names(module) if dsmoe.moe_layers(module) else set()
+    names = dsmoe.checkpoint.expert_state_names(module) if dsmoe.moe_layers(module) else set()
+    return names | autoep_state_names(module)
 
 
 def save_expert_states(module: torch.nn.Module, directory: Path) -> None:
     """Each expert's weights into its own file, written by the first rank of its expert-data group."""
+    save_autoep_experts(module, directory)
     files = dsmoe.checkpoint.expert_writers(module, _writes_experts)
     for name, state in files.items():
         dsaio.save_state_dict({k: v.contiguous() for k, v in state.items()}, directory / (name + EXPERT_FILE_SUFFIX))
@@ -149,6 +168,7 @@ def _writes_experts(layer: Any) -> bool:
 
 def load_expert_states(module: torch.nn.Module, directory: Path, strict: bool = True) -> None:
     """The experts this rank holds, from their files (saved at any ep_size)."""
+    load_autoep_experts(module, directory)
     if not dsmoe.moe_layers(module):
         return
 

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import dsconfig
 from dsconfig import ExpertParallelConfig
 from dsmoe import MoEError, autoep
 
@@ -85,9 +86,25 @@ def test_routing_settings_are_read_from_each_model():
                                                                                        "shared_expert_gate")
     # explicit keys override the model: route_scale multiplies routed_scaling_factor, top_k an int
     model = M.build("deepseek_v3")
-    autoep.apply(model, _ep(route_scale=2.0, routed_scaling_factor=1.5, top_k=3, route_norm=False))
+    autoep.apply(model, _ep(route_scale=2.0, routed_scaling_factor=1.5, top_k=3, route_norm=False, score_func="softmax",
+                            num_expert_groups=2, num_limited_groups=1))
     ds = spec(model, "model.layers.1.mlp")
-    assert (ds.scale, ds.top_k, ds.route_norm) == (3.0, 3, False)
+    assert (ds.scale, ds.top_k, ds.route_norm, ds.score_func, ds.num_groups, ds.limited_groups) == (
+        3.0, 3, False, "softmax", 2, 1)
+    # named shared experts and gate; a named child the block lacks is refused by its key
+    named = M.build("qwen2_moe_shared")
+    autoep.apply(named, _ep(has_shared_experts=True, shared_experts_pattern="shared_expert",
+                            shared_experts_gate_pattern="shared_expert_gate"))
+    torch.testing.assert_close(named(**M.batch(3)).loss, M.build("qwen2_moe_shared")(**M.batch(3)).loss, rtol=RTOL,
+                               atol=1e-6)
+    _refused("qwen2_moe_shared", r"expert_parallel\.shared_experts_gate_pattern: .* no child 'no_such_gate'",
+             shared_experts_gate_pattern="no_such_gate")
+    _refused("qwen2_moe_shared", r"expert_parallel\.shared_experts_pattern: .* no child 'no_such'",
+             shared_experts_pattern="no_such")
+    # has_shared_experts false: the swapped layer computes the routed experts only
+    ungated = M.build("qwen2_moe_shared")
+    autoep.apply(ungated, _ep(has_shared_experts=False))
+    assert ungated.get_submodule("model.layers.0.mlp").names.shared_experts is None
 
 
 # ------------------------------------------------------------------------------------------ backends
@@ -120,6 +137,11 @@ def test_backends_equal_the_loop(backend, fused, in_out):
 
 
 def test_backend_choice_follows_the_config():
+    for keys, want in (({}, "grouped_mm"), ({"use_grouped_mm": False}, "loop"),
+                       ({"disable_triton_grouped_mm": True}, "grouped_mm")):
+        model = M.build("mixtral")
+        autoep.apply(model, _ep(**keys))
+        assert {layer.backend for _, layer in autoep.autoep_layers(model)} == {want}, keys
     cpu, f32 = torch.device("cpu"), torch.float32
     assert autoep.choose_backend(False, False, cpu, f32, [16, 32]) == "loop"
     assert autoep.choose_backend(True, False, cpu, f32, [16, 32]) == "grouped_mm"
@@ -147,6 +169,11 @@ def test_constraints_are_refused_naming_the_key():
     _refused("mixtral", r"expert_parallel\.expert_w1: .*experts\.w1 must be a 3-D tensor", expert_w1="w1")
     _refused("mixtral", r"expert_parallel\.expert_w1: .* fit neither", expert_w3="down_proj")
     _refused("mixtral", r"expert_parallel\.expert_tensor_parallel_size is 2", expert_tensor_parallel_size=2)
+    _refused("mixtral", r"expert_parallel\.load_balance_coeff must be null", load_balance_coeff=0.01)
+    with pytest.raises(dsconfig.ConfigError, match=r"expert_parallel\.load_balance_coeff = 0\.01: must be null"):
+        dsconfig.load({"train_batch_size": 1, "expert_parallel": {"enabled": True, "load_balance_coeff": 0.01}})
+    _refused("mixtral", r"expert_parallel\.async_split_plan: the CUDA side-stream", async_split_plan=True,
+             autoep_size=2)
     _refused("mixtral", r"expert_parallel\.combine_impl: \"fused_weighted_sum\" needs CUDA",
              combine_impl="fused_weighted_sum")
     _refused("mixtral", r"expert_parallel\.shared_experts_pattern: has_shared_experts is true but .* no child "

@@ -50,7 +50,8 @@ class Plan:
     group_mask_value: float
     score_apply: str
     combine_impl: str
-    require_shared: bool
+    require_shared: bool  # has_shared_experts true, or shared_experts_pattern named: the child must exist
+    require_shared_gate: bool  # shared_experts_gate_pattern named
 
 
 def apply(model: nn.Module, config: ExpertParallelConfig, ep_group: Any = None, *, model_config: Any = None,
@@ -98,6 +99,9 @@ def _check_reserved(config: ExpertParallelConfig) -> None:
                        f"only 1")
     if config.load_balance_coeff is not None:
         raise MoEError(f"{KEY}.load_balance_coeff must be null (auxiliary-loss-free balancing is not supported)")
+    if config.async_split_plan and config.autoep_size > 1:  # the reference: no effect at autoep_size 1
+        raise MoEError(f"{KEY}.async_split_plan: the CUDA side-stream copy of the split sizes is not implemented "
+                       f"(dsmoe reads every split size in one host sync per layer); set it to false")
 
 
 def _ep_layout(config: ExpertParallelConfig, ep_group: Any) -> tuple[int, int]:
@@ -196,7 +200,9 @@ def _preset_plan(preset: Preset | None, config: ExpertParallelConfig, hf_config:
                 route_norm=route_norm, scale=float(config.route_scale) * float(scaling),
                 group_score=(p.group_score if p and p.group_score else "max"), num_groups=groups,
                 limited_groups=limited, group_mask_value=p.group_mask_value if p else float("-inf"),
-                score_apply=score_apply, combine_impl=combine, require_shared=bool(has_shared))
+                score_apply=score_apply, combine_impl=combine,
+                require_shared=bool(has_shared) or (has_shared is None and config.shared_experts_pattern is not None),
+                require_shared_gate=has_shared is not False and config.shared_experts_gate_pattern is not None)
 
 
 def _find_blocks(model: nn.Module, plan: Plan, hf_config: Any = None, strict: bool = False) -> list[tuple[str, nn.Module]]:
@@ -280,6 +286,8 @@ def _check_block(block: nn.Module, name: str, plan: Plan, hf_config: Any, ep_siz
         raise MoEError(f"{KEY}.shared_experts_pattern: has_shared_experts is true but {where} has no child "
                        f"{names.shared_experts!r}")
     shared = names.shared_experts if names.shared_experts and hasattr(block, names.shared_experts) else None
+    if plan.require_shared_gate and not hasattr(block, names.shared_experts_gate):
+        raise MoEError(f"{KEY}.shared_experts_gate_pattern: {where} has no child {names.shared_experts_gate!r}")
     shared_gate = names.shared_experts_gate if shared and hasattr(block, names.shared_experts_gate or "") else None
     bias = names.correction_bias if names.correction_bias and hasattr(router, names.correction_bias) else None
     names = BlockNames(names.router, names.experts, names.w1, names.w2, names.w3, shared, shared_gate, bias)
@@ -331,13 +339,13 @@ def _local_experts(experts: nn.Module, names: BlockNames, num_experts: int, hidd
     first = ep_rank * per_rank
     local = {}
     for attr, tensor in weights.items():
-        data = tensor.detach()
-        local[attr] = data if ep_size == 1 else data[first:first + per_rank].clone()
+        if ep_size == 1 and isinstance(tensor, nn.Parameter):
+            local[attr] = tensor
+        else:
+            local[attr] = nn.Parameter(tensor.detach()[first:first + per_rank].clone(),
+                                       requires_grad=tensor.requires_grad)
     act = getattr(experts, "act_fn", None) or F.silu
-    module = LocalExperts(local, first, num_experts, in_out, act)
-    for param in module.parameters():
-        param.requires_grad_(weights[next(iter(weights))].requires_grad)
-    return module, in_out
+    return LocalExperts(local, first, num_experts, in_out, act), in_out
 
 
 def _layout(weights: dict[str, torch.Tensor], names: BlockNames, hidden: int, where: str) -> bool:

@@ -49,8 +49,8 @@ class LocalExperts(nn.Module):
                  act: Callable[[torch.Tensor], torch.Tensor]) -> None:
         super().__init__()
         self.weight_names = tuple(weights)
-        for name, tensor in weights.items():
-            self.register_parameter(name, nn.Parameter(tensor))
+        for name, tensor in weights.items():  # at autoep_size 1 the model's own parameters (optimizers keep them)
+            self.register_parameter(name, tensor if isinstance(tensor, nn.Parameter) else nn.Parameter(tensor))
         self.first_expert = first
         self.num_local = next(iter(weights.values())).shape[0]
         self.num_global = num_global
