@@ -36,6 +36,7 @@ from . import rng
 from .checkpoint_paths import LATEST, check_tag, read_latest, tag_directory
 from .errors import CheckpointLoadError, DstrainError
 from .logs import log_on_rank0
+from .wiring_autoep import whole_state_dict
 from .wiring_dsmoe import expert_state_names, load_expert_states, save_expert_states
 
 if TYPE_CHECKING:
@@ -348,8 +349,8 @@ def save_16bit_model(parts: TrainingParts, save_dir, save_filename: str, *,
         return False
     left_out = set(_frozen_names(module)) if exclude_frozen_parameters else set()
     with dszero.GatheredParameters(list(module.parameters())):  # stages 0-2: the parameters pass through
-        state = {k: v.detach().clone() for k, v in module.state_dict().items() if k not in left_out} \
-            if rank == 0 else None
+        whole = whole_state_dict(module, module.state_dict())  # AutoEP's experts gathered whole (every rank)
+        state = {k: v.detach().clone() for k, v in whole.items() if k not in left_out} if rank == 0 else None
     if rank == 0:
         target.parent.mkdir(parents=True, exist_ok=True)
         if target.suffix in (".bin", ".pt", ".pth"):
