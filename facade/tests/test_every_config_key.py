@@ -71,6 +71,7 @@ DSZERO = "libs/dszero/tests"
 FACADE = "facade/tests"
 DSDATA = "libs/dsdata/tests"
 DSMON = "libs/dsmonitor/tests"
+AUTOEP = "libs/dsmoe/tests/test_autoep.py"
 SCHEDULES = f"{DSDATA}/test_schedules.py::test_deepspeed_golden_fixed_linear"
 SAMPLER = f"{FACADE}/test_data_efficiency.py::test_sampler_loader_on_two_ranks_resumes_exactly_through_checkpoints"
 LTD = f"{DSDATA}/test_random_ltd.py::test_reserved_length_never_below_min_value_and_layer_tokens"
@@ -178,40 +179,35 @@ KEYS: dict[str, tuple] = {
     "hybrid_engine.pin_parameters": _hybrid("pin_parameters", False),
     "hybrid_engine.tp_gather_partition_size": _hybrid("tp_gather_partition_size", 4),
     "hybrid_engine.enable_cuda_graph": _hybrid("enable_cuda_graph", True),
-    # ---- AutoEP: no installed library provides it yet, refused by expert_parallel.enabled
-    "expert_parallel.enabled": refused({"expert_parallel": {"enabled": True}}),
-    "expert_parallel.autoep_size": _autoep("autoep_size", 1),
-    "expert_parallel.expert_tensor_parallel_size": _autoep("expert_tensor_parallel_size", 1),
-    "expert_parallel.async_split_plan": _autoep("async_split_plan", True),
-    "expert_parallel.preset_model": _autoep("preset_model", "mixtral"),
-    "expert_parallel.use_grouped_mm": _autoep("use_grouped_mm", False),
-    "expert_parallel.disable_triton_grouped_mm": _autoep("disable_triton_grouped_mm", True),
-    "expert_parallel.moe_layer_pattern": refused({"expert_parallel": {
-        "enabled": True, "moe_layer_pattern": "model\\.layers\\.\\d+\\.moe", "router_pattern": "router",
-        "expert_pattern": "experts"}}, "expert_parallel.enabled"),
-    "expert_parallel.router_pattern": _autoep("router_pattern", "router"),
-    "expert_parallel.expert_pattern": _autoep("expert_pattern", "experts"),
-    "expert_parallel.score_func": _autoep("score_func", "sigmoid"),
-    "expert_parallel.score_apply": _autoep("score_apply", "pre"),
-    "expert_parallel.combine_impl": _autoep("combine_impl", "legacy_bmm"),
-    "expert_parallel.route_norm": _autoep("route_norm", True),
-    "expert_parallel.route_scale": _autoep("route_scale", 2.0),
-    "expert_parallel.top_k": _autoep("top_k", 2),
-    "expert_parallel.routed_scaling_factor": _autoep("routed_scaling_factor", 2.5),
-    "expert_parallel.num_expert_groups": _autoep("num_expert_groups", 4),
-    "expert_parallel.num_limited_groups": refused({"expert_parallel": {
-        "enabled": True, "num_expert_groups": 4, "num_limited_groups": 2}}, "expert_parallel.enabled"),
-    "expert_parallel.load_balance_coeff": _autoep("load_balance_coeff", None),
-    "expert_parallel.expert_w1": _autoep("expert_w1", "w1"),
-    "expert_parallel.expert_w2": _autoep("expert_w2", "w2"),
-    "expert_parallel.expert_w3": _autoep("expert_w3", "w3"),
-    "expert_parallel.num_experts_attr": _autoep("num_experts_attr", "num_local_experts"),
-    "expert_parallel.top_k_attr": _autoep("top_k_attr", "num_experts_per_tok"),
-    "expert_parallel.has_shared_experts": refused({"expert_parallel": {
-        "enabled": True, "has_shared_experts": True, "shared_experts_pattern": "shared_expert"}},
-        "expert_parallel.enabled"),
-    "expert_parallel.shared_experts_pattern": _autoep("shared_experts_pattern", "shared_expert"),
-    "expert_parallel.shared_experts_gate_pattern": _autoep("shared_experts_gate_pattern", "shared_expert_gate"),
+    # ---- AutoEP (dsmoe.autoep)
+    "expert_parallel.enabled": obs(f"{FACADE}/test_autoep_engine.py::test_autoep_engine_equals_one_process_at_every_size_and_stage"),
+    "expert_parallel.autoep_size": obs(f"{FACADE}/test_autoep_engine.py::test_autoep_engine_equals_one_process_at_every_size_and_stage"),
+    "expert_parallel.expert_tensor_parallel_size": obs(f"{AUTOEP}::test_constraints_are_refused_naming_the_key"),
+    "expert_parallel.async_split_plan": obs(f"{AUTOEP}::test_constraints_are_refused_naming_the_key"),
+    "expert_parallel.preset_model": obs(f"{AUTOEP}::test_preset_choice"),
+    "expert_parallel.use_grouped_mm": obs(f"{AUTOEP}::test_backend_choice_follows_the_config"),
+    "expert_parallel.disable_triton_grouped_mm": obs(f"{AUTOEP}::test_backend_choice_follows_the_config"),
+    "expert_parallel.moe_layer_pattern": obs(f"{AUTOEP}::test_custom_model_through_the_patterns"),
+    "expert_parallel.router_pattern": obs(f"{AUTOEP}::test_custom_model_through_the_patterns"),
+    "expert_parallel.expert_pattern": obs(f"{AUTOEP}::test_custom_model_through_the_patterns"),
+    "expert_parallel.score_func": obs(f"{AUTOEP}::test_routing_settings_are_read_from_each_model"),
+    "expert_parallel.score_apply": obs(f"{AUTOEP}::test_custom_model_through_the_patterns"),
+    "expert_parallel.combine_impl": obs(f"{AUTOEP}::test_custom_model_through_the_patterns"),
+    "expert_parallel.route_norm": obs(f"{AUTOEP}::test_routing_settings_are_read_from_each_model"),
+    "expert_parallel.route_scale": obs(f"{AUTOEP}::test_routing_settings_are_read_from_each_model"),
+    "expert_parallel.top_k": obs(f"{AUTOEP}::test_routing_settings_are_read_from_each_model"),
+    "expert_parallel.routed_scaling_factor": obs(f"{AUTOEP}::test_routing_settings_are_read_from_each_model"),
+    "expert_parallel.num_expert_groups": obs(f"{AUTOEP}::test_routing_settings_are_read_from_each_model"),
+    "expert_parallel.num_limited_groups": obs(f"{AUTOEP}::test_constraints_are_refused_naming_the_key"),
+    "expert_parallel.load_balance_coeff": obs(f"{AUTOEP}::test_constraints_are_refused_naming_the_key"),
+    "expert_parallel.expert_w1": obs(f"{AUTOEP}::test_custom_model_through_the_patterns"),
+    "expert_parallel.expert_w2": obs(f"{AUTOEP}::test_custom_model_through_the_patterns"),
+    "expert_parallel.expert_w3": obs(f"{AUTOEP}::test_custom_model_through_the_patterns"),
+    "expert_parallel.num_experts_attr": obs(f"{AUTOEP}::test_custom_model_through_the_patterns"),
+    "expert_parallel.top_k_attr": obs(f"{AUTOEP}::test_custom_model_through_the_patterns"),
+    "expert_parallel.has_shared_experts": obs(f"{AUTOEP}::test_routing_settings_are_read_from_each_model"),
+    "expert_parallel.shared_experts_pattern": obs(f"{AUTOEP}::test_routing_settings_are_read_from_each_model"),
+    "expert_parallel.shared_experts_gate_pattern": obs(f"{AUTOEP}::test_routing_settings_are_read_from_each_model"),
     # ---- pipeline parallelism (dspipe)
     "pipeline.stages": obs(f"{FACADE}/test_pipe_engine.py::test_zero_1_and_2_beside_the_pipeline_equal_plain_data_parallelism"),
     "pipeline.partition": obs(f"{FACADE}/test_pipe_engine.py::test_what_a_pipeline_cannot_do_is_refused_by_key_and_a_batch_can_be_traced"),

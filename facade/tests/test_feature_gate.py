@@ -41,7 +41,8 @@ def test_a_feature_no_library_provides_names_the_key_and_the_pip_install():
 
 def test_a_declared_library_lifts_the_pip_install_gate(monkeypatch):
     provided = provided_features([_point("expert_parallel.enabled", "dsmoe")])
-    message = _refusal(EXPERTS_ON, provided)  # installed, but this engine does not compose it yet
+    monkeypatch.setattr(feature_gate, "ENGINE_COMPOSES", frozenset())  # an engine that does not compose it yet
+    message = _refusal(EXPERTS_ON, provided)  # installed, but this engine does not compose it
     assert "pip install" not in message and "dsmoe provides it" in message and "expert_parallel.enabled" in message
     monkeypatch.setattr(feature_gate, "ENGINE_COMPOSES", frozenset({"expert_parallel.enabled"}))
     check_features(dsconfig.load(EXPERTS_ON, world_size=1), EXPERTS_ON, provided)  # nothing left to refuse

@@ -67,7 +67,6 @@ def test_auto_placeholders_are_refused_by_path():
 
 @pytest.mark.parametrize(("extra", "path"), [
     ({"sparse_attention": {"mode": "fixed"}}, "sparse_attention"),
-    ({"expert_parallel": {"enabled": True, "autoep_size": 1}}, "expert_parallel.enabled"),
     ({"dynamic_train": {"random_ltd": {"enabled": True}}}, "dynamic_train"),  # data_efficiency: dsdata composes it
     ({"progressive_layer_drop": {"enabled": True}}, "progressive_layer_drop"),
 ])

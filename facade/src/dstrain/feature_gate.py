@@ -69,7 +69,7 @@ GATED_FEATURES = (
 
 # Gated features whose library, once installed, this version's engine also composes into training.
 ENGINE_COMPOSES: frozenset[str] = frozenset({"tensor_parallel.autotp_size", "data_efficiency.enabled",
-                                             "curriculum_learning.enabled", "pipeline"})
+                                             "curriculum_learning.enabled", "pipeline", "expert_parallel.enabled"})
 
 _NEVER_PROVIDED = (("hybrid_engine.enabled", "the hybrid engine", lambda cfg: cfg.hybrid_engine.enabled),
                    ("compile.deepcompile", "DeepCompile", lambda cfg: cfg.compile.deepcompile))
