@@ -302,3 +302,16 @@ def test_custom_model_through_the_patterns(layout, w3, apply):
 def _asdict(cfg):
     import attrs
     return attrs.asdict(cfg, recurse=False)
+
+
+def test_a_missing_backend_is_refused_naming_the_key(monkeypatch):
+    from dsmoe.autoep import grouped
+
+    cpu, f32 = torch.device("cpu"), torch.float32
+    monkeypatch.setattr(grouped, "triton_available", lambda: False)  # as on a machine without triton
+    with pytest.raises(MoEError, match=r"needs the triton package.*expert_parallel\.disable_triton_grouped_mm"):
+        autoep.choose_backend(True, False, cpu, f32, [16], requested="triton")
+    monkeypatch.setattr(grouped, "grouped_mm_available", lambda: False)  # and a torch without _grouped_mm
+    with pytest.raises(MoEError, match=r"expert_parallel\.use_grouped_mm is true but neither"):
+        autoep.choose_backend(True, False, cpu, f32, [16])
+    assert autoep.choose_backend(False, False, cpu, f32, [16]) == "loop"

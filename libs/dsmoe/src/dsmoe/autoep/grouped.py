@@ -40,10 +40,10 @@ def grouped_matmul(x: torch.Tensor, weight: torch.Tensor, sizes: Sequence[int], 
             pieces.append(x[start:start + size] @ w)
             start += size
         return torch.cat(pieces) if pieces else x.new_zeros((0, weight.shape[2 if in_out else 1]))
-    offsets = torch.tensor(list(sizes), dtype=torch.int32, device=x.device).cumsum(0, dtype=torch.int32)
     if backend == "triton":
         from .triton_grouped import triton_grouped_mm
-        return triton_grouped_mm(x, weight, offsets, in_out)
+        return triton_grouped_mm(x, weight, sizes, in_out)
+    offsets = torch.tensor(list(sizes), dtype=torch.int32, device=x.device).cumsum(0, dtype=torch.int32)
     b = weight if in_out else weight.transpose(1, 2)
     return _ContiguousGrad.apply(torch._grouped_mm(x.contiguous(), b, offs=offsets))
 
