@@ -47,8 +47,26 @@ def deepseek_v3(bias_seed: int = 7):
     return model
 
 
+def deepseek_v2():
+    """DeepSeek-V2 with group-limited greedy routing (group max), scaled, unnormalised, a shared expert."""
+    from transformers import DeepseekV2Config, DeepseekV2ForCausalLM
+    return DeepseekV2ForCausalLM(DeepseekV2Config(**_common(
+        intermediate_size=32, moe_intermediate_size=16, n_routed_experts=8, num_experts_per_tok=2, n_group=4,
+        topk_group=2, topk_method="group_limited_greedy", n_shared_experts=1, first_k_dense_replace=1,
+        routed_scaling_factor=2.0, kv_lora_rank=8, q_lora_rank=None, num_key_value_heads=2, qk_rope_head_dim=8,
+        qk_nope_head_dim=8, v_head_dim=8, num_hidden_layers=3)))
+
+
+def qwen3_5_moe():
+    """The Qwen3.5-MoE text backbone (model type qwen3_5_moe_text): shared expert and gate."""
+    from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
+    return Qwen3_5MoeForCausalLM(Qwen3_5MoeTextConfig(**_common(
+        moe_intermediate_size=16, shared_expert_intermediate_size=24, num_experts=4, num_experts_per_tok=2,
+        head_dim=8, layer_types=["full_attention", "full_attention"])))
+
+
 BUILDERS = {"mixtral": mixtral, "qwen3_moe": qwen3_moe, "qwen2_moe_shared": qwen2_moe_shared,
-            "deepseek_v3": deepseek_v3}
+            "deepseek_v3": deepseek_v3, "deepseek_v2": deepseek_v2, "qwen3_5_moe": qwen3_5_moe}
 
 
 def build(kind: str, seed: int = 0, dtype=torch.float32):

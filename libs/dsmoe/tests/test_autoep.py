@@ -315,3 +315,20 @@ def test_a_missing_backend_is_refused_naming_the_key(monkeypatch):
     with pytest.raises(MoEError, match=r"expert_parallel\.use_grouped_mm is true but neither"):
         autoep.choose_backend(True, False, cpu, f32, [16])
     assert autoep.choose_backend(False, False, cpu, f32, [16]) == "loop"
+
+
+def test_mixtral_router_jitter_is_kept():
+    reference = M.build("mixtral")
+    for layer in reference.model.layers:
+        layer.mlp.jitter_noise = 0.2
+    swapped = copy.deepcopy(reference)
+    autoep.apply(swapped, _ep())
+    assert swapped.model.layers[0].mlp.jitter_noise == 0.2
+    losses = []
+    for model in (reference, swapped):
+        torch.manual_seed(11)  # the same noise draws in the same order
+        losses.append(model(**M.batch(3)).loss)
+    torch.testing.assert_close(losses[1], losses[0], rtol=RTOL, atol=1e-6)
+    swapped.eval()
+    reference.eval()
+    torch.testing.assert_close(swapped(**M.batch(3)).loss, reference(**M.batch(3)).loss, rtol=RTOL, atol=1e-6)

@@ -73,6 +73,7 @@ class AutoEPLayer(nn.Module):
         self.combine_impl = combine_impl
         self.backend = backend
         self.expert_data_group: Any = None  # set by the facade: where expert gradients are averaged
+        self.jitter_noise = float(getattr(block, "jitter_noise", 0.0) or 0.0)  # Mixtral's router_jitter_noise
         for child in (names.router, names.experts, names.shared_experts, names.shared_experts_gate):
             if child is not None and hasattr(self, child):
                 raise MoEError(f"expert_parallel: child name {child!r} is an attribute of AutoEPLayer; rename the "
@@ -97,6 +98,9 @@ class AutoEPLayer(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         shape = hidden_states.shape
+        if self.training and self.jitter_noise > 0:  # as the HF block: the input scaled by U(1 - j, 1 + j)
+            noise = torch.empty_like(hidden_states).uniform_(1.0 - self.jitter_noise, 1.0 + self.jitter_noise)
+            hidden_states = hidden_states * noise
         x = hidden_states.reshape(-1, shape[-1])
         out = self.router_module(x)  # the model's router: its hooks record router_logits as before
         logits = out[0] if isinstance(out, tuple) else out
