@@ -12,7 +12,9 @@ in another interpreter where it is installed (never a dependency):
 
 `--dispatch-sweep`: one process, 64 experts, forward + backward with the dense einsum dispatch and with
 the sparse one. A round measures each implementation once (the median of `--repeats` timed blocks of
-`--iters` steps after warm-up); rounds alternate them and the figure is the median over `--rounds`.
+`--iters` steps after warm-up, wall time and the busier rank's CPU time); rounds alternate them and
+each figure is the median over `--rounds`. `--engine STAGE` trains through dstrain.initialize /
+deepspeed.initialize (ZeRO STAGE, AdamW, clipping 1.0) instead of the plain loop.
 """
 
 from __future__ import annotations
@@ -145,14 +147,17 @@ def rank_main(rank: int, world: int, init_file: str, impl: str, ep_sizes: list[i
             def run(count, engine=engine, x=x):
                 engine_steps(engine, x, count)
         run(3)  # warm-up
-        blocks = []
+        walls, cpus = [], []
         for _ in range(repeats):
             dist.barrier()
-            began = time.perf_counter()
+            began, cpu_began = time.perf_counter(), time.process_time()
             run(iters)
+            cpu = torch.tensor([time.process_time() - cpu_began])
             dist.barrier()
-            blocks.append((time.perf_counter() - began) / iters)
-        results[ep] = statistics.median(blocks)
+            walls.append((time.perf_counter() - began) / iters)
+            dist.all_reduce(cpu, op=dist.ReduceOp.MAX)  # the busier rank's CPU seconds
+            cpus.append(cpu.item() / iters)
+        results[ep] = [statistics.median(walls), statistics.median(cpus)]
     if rank == 0:
         queue.put(results)
     dist.destroy_process_group()
@@ -218,24 +223,32 @@ def main() -> None:
     if args.json:
         print(json.dumps(measure(args.impl, args.ep, args.iters, args.repeats, args.threads, args.engine)))
         return
-    # Rounds alternate the two implementations, so a burst of load from elsewhere hits both alike.
-    ours: dict[int, list[float]] = {ep: [] for ep in args.ep}
-    theirs: dict[int, list[float]] = {ep: [] for ep in args.ep}
+    # Rounds alternate the two implementations, so a burst of load from elsewhere hits both alike. Wall
+    # time is what a step takes; CPU time (the busier rank's) is what it costs, and moves less with load.
+    ours: dict[int, list[list[float]]] = {ep: [] for ep in args.ep}
+    theirs: dict[int, list[list[float]]] = {ep: [] for ep in args.ep}
     for _ in range(args.rounds):
         for ep, value in measure(args.impl, args.ep, args.iters, args.repeats, args.threads, args.engine).items():
             ours[ep].append(value)
         if args.deepspeed_python:
             for ep, value in deepspeed_figures(args).items():
                 theirs[ep].append(value)
+    what = f"ZeRO-{args.engine} engine" if args.engine is not None else "plain loop"
     for ep in args.ep:
-        mine = statistics.median(ours[ep])
-        line = f"ep_size {ep}: {args.impl} {mine:.3f} s/step (best {min(ours[ep]):.3f})"
+        line = f"ep_size {ep} ({what}): {args.impl} " + _figures(ours[ep])
         if theirs[ep]:
-            other = statistics.median(theirs[ep])
-            line += (f", deepspeed {other:.3f} s/step (best {min(theirs[ep]):.3f}); dsmoe / deepspeed "
-                     f"{mine / other:.2f} (best vs best {min(ours[ep]) / min(theirs[ep]):.2f})")
+            line += ", deepspeed " + _figures(theirs[ep])
+            for index, kind in enumerate(("wall", "cpu")):
+                ratio = statistics.median(r[index] for r in ours[ep]) / statistics.median(r[index] for r in theirs[ep])
+                line += f"; dsmoe / deepspeed {kind} {ratio:.2f}"
         print(line, flush=True)
 
+
+def _figures(rounds: list[list[float]]) -> str:
+    wall = [r[0] for r in rounds]
+    cpu = [r[1] for r in rounds]
+    return (f"{statistics.median(wall):.3f} s/step wall (best {min(wall):.3f}), "
+            f"{statistics.median(cpu):.3f} s cpu (best {min(cpu):.3f})")
 
 def deepspeed_figures(args: argparse.Namespace) -> dict[int, float]:
     command = [args.deepspeed_python, __file__, "--impl", "deepspeed", "--json", "--ep", *map(str, args.ep),
