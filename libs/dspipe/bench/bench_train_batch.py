@@ -24,8 +24,9 @@ import dscomm
 from dscomm.testing import run_ranks
 from dspipe import DualPipeVModule, LayerSpec, PipelineModule
 from dspipe.runtime import AveragedOptimizer, PipelineRuntime
-from dspipe.schedules import Costs, Kind, Timeline, build_schedule, lower, simulate
+from dspipe.schedules import Timeline, TraceEvent, build_schedule, lower
 from dspipe.schedules import placement as schedule_placement
+from dspipe.schedules.simulate import execute
 
 WIDTH, LAYERS, MICRO_BATCHES = 1024, 8, 8
 TRACED = 5  # batches traced per schedule for the bubble (medians)
@@ -56,8 +57,7 @@ def data(micro: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
 def dspipe_runner(schedule: str, dims: dscomm.ParallelDims, groups, micro: int):
     kind = DualPipeVModule if schedule in ("zbv", "dualpipev") else PipelineModule
     extra = {"chunks": 2} if schedule == "interleaved_1f1b" else {}
-    module = kind(layer_list(), topology=dims, loss_fn=loss_fn, partition_method="uniform", seed_layers=True,
-                  **extra)
+    module = kind(layer_list(), topology=dims, loss_fn=loss_fn, partition_method="uniform", **extra)
     runtime = PipelineRuntime(module, groups, schedule)
     sync = AveragedOptimizer(torch.optim.SGD(module.parameters(), lr=1e-4), groups.data)
     batches = data(micro)
@@ -123,6 +123,11 @@ def timed(run, group) -> float:
     return seconds.item()
 
 
+def _aligned(run):
+    dscomm.barrier()  # every rank starts the traced batch together, as the simulator's ranks do
+    return run(trace=True)
+
+
 def bench_rank(rank, world, rounds, micro, schedules, with_torch):
     dims = dscomm.ParallelDims(world, pipe=world)
     groups = dims.build()
@@ -143,30 +148,44 @@ def bench_rank(rank, world, rounds, micro, schedules, with_torch):
         for key, run in runners.items():
             if callable(run):
                 times.setdefault(f"{key[0]}:{key[1]}", []).append(timed(run, groups))
-    traces = {name: [runners[("dspipe", name)](trace=True) for _ in range(TRACED)] for name in schedules}
+    traces = {name: [_aligned(runners[("dspipe", name)]) for _ in range(TRACED)] for name in schedules}
     return {"times": times, "errors": {f"{k[0]}:{k[1]}": v for k, v in runners.items() if isinstance(v, str)},
             "traces": traces}
 
 
 def bubbles(name: str, events: list) -> tuple[float, float]:
-    """(the measured bubble of one traced batch, the simulator's for that batch's measured op times).
+    """(the measured bubble of one traced batch, the simulator's given that batch's measured op times).
 
-    The simulator runs the lowered program with each (kind, stage)'s mean measured duration: compute, and
-    the time a send takes to post (gloo copies into its socket there); receives cost nothing but their
-    wait, which the simulator derives. Both bubbles count everything but F/B/I/W as idle."""
-    timed: dict[tuple[Kind, int], list[float]] = {}
-    steps = []
-    for event in events:
-        kind = event.action.kind
-        if kind.is_compute or kind.is_send:
-            timed.setdefault((kind, event.action.stage), []).append(event.duration)
-        elif kind is Kind.STEP:
-            steps.append(event.duration)
-    costs = Costs(step=statistics.mean(steps) if steps else 0.0,
-                  per_stage={key: statistics.mean(values) for key, values in timed.items()})
+    The simulator runs the lowered program with every action's measured duration, the bookkeeping up to
+    the rank's next action included, and the measured message latency; a receive costs only that
+    bookkeeping, its wait being what the simulator derives from when the matching send ended. Both count
+    everything but F/B/I/W as idle."""
     ranks = 1 + max(e.rank for e in events)
     program = lower(build_schedule(name, ranks, MICRO_BATCHES), schedule_placement(name, ranks))
-    return Timeline.of(events).bubble, simulate(program, costs).bubble
+    durations = []
+    for rank, actions in enumerate(program):
+        mine = sorted((e for e in events if e.rank == rank), key=lambda e: e.start)
+        if [e.action for e in mine] != actions:
+            raise RuntimeError(f"rank {rank}'s trace does not follow its lowered program")
+        ends = [following.start for following in mine[1:]] + [mine[-1].end]
+        durations.append([(end - e.end) if e.action.kind.is_recv else (end - e.start) for e, end in zip(mine, ends)])
+    starts = execute(program, durations, message_latency(events))
+    simulated = Timeline([TraceEvent(rank, action, starts[rank][i], starts[rank][i] + durations[rank][i])
+                          for rank, actions in enumerate(program) for i, action in enumerate(actions)], ranks)
+    return Timeline.of(events).bubble, simulated.bubble
+
+
+def message_latency(events: list) -> float:
+    """The median time from a send's end to its receive's end, over the messages whose receiver was already
+    waiting (so the time is the transfer's, not the receiver's lateness)."""
+    sends = {e.action.message_key(): e for e in events if e.action.kind.is_send}
+    latencies = []
+    for event in events:
+        if event.action.kind.is_recv:
+            send = sends.get(event.action.message_key())
+            if send is not None and event.start <= send.end:
+                latencies.append(event.end - send.end)
+    return statistics.median(latencies) if latencies else 0.0
 
 
 def main() -> None:
