@@ -43,7 +43,8 @@ class M:
         return {"input_ids": ids, "labels": ids}
 
 WORLD, STEPS, CLIP, LR = 2, 3, 0.5, 0.01
-RUNS = [(1, 1, "config"), (2, 0, "config"), (2, 1, "client"), (2, 2, "config")]  # (autoep_size, stage, optimizer)
+# (autoep_size, stage, what the optimizer is built from)
+RUNS = [(1, 1, "config"), (2, 0, "config"), (2, 1, "client"), (2, 2, "config"), (2, 2, "groups")]
 
 
 def config(ep, stage, optimizer=True):
@@ -77,6 +78,9 @@ def train(rank, ep, stage, source):
     model = M.build("mixtral")
     if source == "config":
         engine, *_ = dstrain.initialize(model=model, config=config(ep, stage))
+    elif source == "groups":  # param groups of the whole model: the engine puts the rank's experts in them
+        groups = [{"params": list(model.parameters()), "name": "everything"}]
+        engine, *_ = dstrain.initialize(model=model, model_parameters=groups, config=config(ep, stage))
     else:  # a client optimizer built from the whole model: the engine points it at the rank's experts
         client = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
         engine, *_ = dstrain.initialize(model=model, optimizer=client, config=config(ep, stage, optimizer=False))
