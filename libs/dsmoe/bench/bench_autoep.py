@@ -158,17 +158,25 @@ def compare_deepspeed(args: argparse.Namespace) -> dict[str, object]:
     model = deepseek_shaped(args)
     autoep.apply(model, ExpertParallelConfig(enabled=True))
     x = torch.randn(args.tokens, args.hidden, generator=torch.Generator().manual_seed(1))
-    mine = time_passes(model.model.layers[1].mlp, x, args.repeats)
     argv = [args.deepspeed_python, __file__, "--deepspeed-side", "--tokens", str(args.tokens), "--hidden",
             str(args.hidden), "--ffn", str(args.ffn), "--experts", str(args.experts), "--top-k", str(args.top_k),
             "--repeats", str(args.repeats)]
     env = dict(os.environ)
     if args.deepspeed_pythonpath:
         env["PYTHONPATH"] = args.deepspeed_pythonpath
-    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=3600)
-    if done.returncode:
-        return {"dsmoe AutoEP (grouped_mm)": mine, "DeepSpeed": f"failed: {done.stderr[-600:]}"}
-    return {"dsmoe AutoEP (grouped_mm)": mine, **json.loads(done.stdout.strip().splitlines()[-1])}
+    mine, theirs, layer = [], [], None
+    for _ in range(args.rounds):  # alternating, as the load drifts
+        mine.append(time_passes(model.model.layers[1].mlp, x, args.repeats))
+        done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=3600)
+        if done.returncode:
+            return {"dsmoe AutoEP (grouped_mm)": statistics.median(mine), "DeepSpeed": f"failed: {done.stderr[-600:]}"}
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+        theirs.append(result["DeepSpeed 0.19.8 AutoEP"])
+        layer = result["DeepSpeed layer"]
+    return {"rounds": {"dsmoe": mine, "DeepSpeed": theirs},
+            "dsmoe AutoEP (grouped_mm)": statistics.median(mine), "DeepSpeed 0.19.8 AutoEP": statistics.median(theirs),
+            "dsmoe / DeepSpeed (median of per-round ratios)": statistics.median(a / b for a, b in zip(mine, theirs)),
+            "DeepSpeed layer": layer}
 
 
 def main() -> None:
