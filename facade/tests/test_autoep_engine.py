@@ -146,6 +146,19 @@ def checkpoints(rank, world, root):
     return mine, (reloaded_same, reloaded), sorted(p.name for p in (root / "ckpt" / "t").iterdir() if "expert" in p.name)
 
 
+def wider(rank, world, root, ep):
+    """The 2-rank checkpoint in a 4-rank run: the optimizer state is refused (ZeRO finds expert shards
+    by name, and both expert-data groups saved the same names), the module alone loads."""
+    engine, *_ = dstrain.initialize(model=M.build("mixtral", seed=7), config=config(ep, 1))
+    try:
+        engine.load_checkpoint(root / "ckpt", tag="t")
+        refused = None
+    except dstrain.errors.CheckpointLoadError as exc:
+        refused = str(exc)
+    engine.load_checkpoint(root / "ckpt", tag="t", load_module_only=True)
+    return refused, engine.module(**M.batch(99)).loss.detach()
+
+
 def test_checkpoint_reloads_at_another_autoep_size_and_16bit_model_loads_into_the_hf_class(tmp_path):
     results = run_ranks(checkpoints, WORLD, tmp_path, timeout=240)
     (mine0, reloaded0, files), (mine1, reloaded1, _) = results
@@ -157,6 +170,10 @@ def test_checkpoint_reloads_at_another_autoep_size_and_16bit_model_loads_into_th
     hf.load_state_dict(torch.load(tmp_path / "hf" / "pytorch_model.bin", weights_only=True))  # strict
     torch.testing.assert_close(hf(**M.batch(99)).loss.detach(), mine0, rtol=1e-6, atol=1e-6)
     assert copy.deepcopy(hf).model.layers[0].mlp.experts.gate_up_proj.shape[0] == 4
+    for ep in (2, 4):
+        for refused, loss in run_ranks(wider, 4, tmp_path, ep, timeout=240):
+            assert "saved at 2 data-parallel ranks, this run has 4" in refused and "load_module_only" in refused
+            torch.testing.assert_close(loss, mine0, rtol=1e-6, atol=1e-6)
 
 
 def refusals(rank, world):

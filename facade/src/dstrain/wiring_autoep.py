@@ -133,6 +133,18 @@ def save_autoep_experts(module: torch.nn.Module, directory: Path) -> None:
         dsaio.save_state_dict({k: v.contiguous() for k, v in state.items()}, directory / (file + EXPERT_FILE_SUFFIX))
 
 
+def check_autoep_reload(module: torch.nn.Module, saved_dp_world_size: int, dp_world_size: int) -> None:
+    """Before ZeRO reads its shards into a model with AutoEP layers: the experts' optimizer shards are
+    found by parameter name, and every expert-data group saved the same names for different experts,
+    so at another data-parallel size they would be read into the wrong experts. The module's experts
+    themselves load at any size from the per-expert files: load_module_only=True."""
+    if autoep.autoep_layers(module) and saved_dp_world_size != dp_world_size:
+        raise CheckpointLoadError(f"this checkpoint was saved at {saved_dp_world_size} data-parallel ranks, this run "
+                                  f"has {dp_world_size}: the optimizer state of AutoEP experts loads only at the same "
+                                  f"data-parallel size and expert_parallel.autoep_size; pass load_module_only=True to "
+                                  f"load the weights (every expert, at any size) without the optimizer state")
+
+
 def load_autoep_experts(module: torch.nn.Module, directory: Path) -> None:
     if not autoep.autoep_layers(module):
         return
