@@ -134,29 +134,50 @@ def checkpoints(rank, world, root):
     probe = M.batch(99)
     mine = engine.module(**probe).loss.detach()
     torch.distributed.barrier()
-    # the same autoep_size, optimizer states too; then autoep_size 1 (module only: ZeRO's optimizer
-    # shards hold each rank's slice of the stacked experts): every rank holds all 4 experts, read from
-    # the per-expert files
+    # the same autoep_size; then autoep_size 1, where every rank holds all 4 experts (the module's from
+    # the per-expert files; ZeRO's masters and moments put back together by expert), and module only
     same, *_ = dstrain.initialize(model=M.build("mixtral", seed=5), config=config(2, 1))
     same.load_checkpoint(root / "ckpt", tag="t")
     reloaded_same = same.module(**probe).loss.detach()
-    engine1, *_ = dstrain.initialize(model=M.build("mixtral", seed=6), config=config(1, 1))
-    engine1.load_checkpoint(root / "ckpt", tag="t", load_module_only=True)
-    reloaded = engine1.module(**probe).loss.detach()
-    return mine, (reloaded_same, reloaded), sorted(p.name for p in (root / "ckpt" / "t").iterdir() if "expert" in p.name)
+    reloaded = []
+    for module_only in (False, True):
+        engine1, *_ = dstrain.initialize(model=M.build("mixtral", seed=6), config=config(1, 1))
+        engine1.load_checkpoint(root / "ckpt", tag="t", load_module_only=module_only)
+        reloaded.append(engine1.module(**probe).loss.detach())
+    return mine, (reloaded_same, *reloaded), sorted(p.name for p in (root / "ckpt" / "t").iterdir() if "expert" in p.name)
 
 
 def wider(rank, world, root, ep):
-    """The 2-rank checkpoint in a 4-rank run: the optimizer state is refused (ZeRO finds expert shards
-    by name, and both expert-data groups saved the same names), the module alone loads."""
+    """The 2-rank autoep_size-2 checkpoint in a 4-rank run at autoep_size `ep`: the experts' slices of
+    every saved expert-data group put back together by expert (ZeRO alone would find them by name,
+    which each group saved alike), weights and Adam's moments; then one more step on every rank's batch."""
     engine, *_ = dstrain.initialize(model=M.build("mixtral", seed=7), config=config(ep, 1))
-    try:
-        engine.load_checkpoint(root / "ckpt", tag="t")
-        refused = None
-    except dstrain.errors.CheckpointLoadError as exc:
-        refused = str(exc)
-    engine.load_checkpoint(root / "ckpt", tag="t", load_module_only=True)
-    return refused, engine.module(**M.batch(99)).loss.detach()
+    engine.load_checkpoint(root / "ckpt", tag="t")
+    loss = engine.module(**M.batch(99)).loss.detach()
+    out = engine(**M.batch(50 + rank))
+    engine.backward(out.loss)
+    engine.step()
+    return loss, engine.global_steps, _gathered(engine)
+
+
+def _gathered(engine):
+    """Every weight whole (AutoEP's experts gathered over their expert-parallel group)."""
+    from dsmoe import autoep
+    return {k: v.clone() for k, v in autoep.full_expert_state_dict(engine.module).items()}
+
+
+def continued(rank, world, root):
+    """The reference for `wider`: the same checkpoint at its own layout, and the same next step over the
+    4 batches (2 per rank, accumulated: the same mean as 4 ranks' one each)."""
+    cfg = config(2, 1)
+    cfg["gradient_accumulation_steps"] = 2
+    engine, *_ = dstrain.initialize(model=M.build("mixtral", seed=7), config=cfg)
+    engine.load_checkpoint(root / "ckpt", tag="t")
+    for micro in range(2):
+        out = engine(**M.batch(50 + 2 * rank + micro))
+        engine.backward(out.loss)
+        engine.step()
+    return _gathered(engine)
 
 
 def test_checkpoint_reloads_at_another_autoep_size_and_16bit_model_loads_into_the_hf_class(tmp_path):
@@ -170,10 +191,13 @@ def test_checkpoint_reloads_at_another_autoep_size_and_16bit_model_loads_into_th
     hf.load_state_dict(torch.load(tmp_path / "hf" / "pytorch_model.bin", weights_only=True))  # strict
     torch.testing.assert_close(hf(**M.batch(99)).loss.detach(), mine0, rtol=1e-6, atol=1e-6)
     assert copy.deepcopy(hf).model.layers[0].mlp.experts.gate_up_proj.shape[0] == 4
+    want = run_ranks(continued, 2, tmp_path, timeout=240)[0]
     for ep in (2, 4):
-        for refused, loss in run_ranks(wider, 4, tmp_path, ep, timeout=240):
-            assert "saved at 2 data-parallel ranks, this run has 4" in refused and "load_module_only" in refused
+        for loss, steps, weights in run_ranks(wider, 4, tmp_path, ep, timeout=240):
             torch.testing.assert_close(loss, mine0, rtol=1e-6, atol=1e-6)
+            assert steps == 3
+            for name, weight in want.items():  # Adam's moments came back with the right experts
+                torch.testing.assert_close(weights[name], weight, rtol=1e-4, atol=2e-5, msg=f"autoep {ep}: {name}")
 
 
 def refusals(rank, world):

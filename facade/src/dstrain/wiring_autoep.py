@@ -23,8 +23,12 @@ import torch.distributed as dist
 import dsaio
 import dscomm
 import dsmoe
+import dszero
 from dsconfig import DeepSpeedConfig, Problem
 from dsmoe import autoep
+from dszero.checkpoint import load_parameter_states, read_parameter_states
+from dszero.checkpoint.by_parameter import MASTER
+from dszero.checkpoint.shard_index import SHARD_PATTERN, ShardIndex
 
 from .errors import CheckpointLoadError, UnsupportedFeatureError
 
@@ -133,16 +137,73 @@ def save_autoep_experts(module: torch.nn.Module, directory: Path) -> None:
         dsaio.save_state_dict({k: v.contiguous() for k, v in state.items()}, directory / (file + EXPERT_FILE_SUFFIX))
 
 
-def check_autoep_reload(module: torch.nn.Module, saved_dp_world_size: int, dp_world_size: int) -> None:
-    """Before ZeRO reads its shards into a model with AutoEP layers: the experts' optimizer shards are
-    found by parameter name, and every expert-data group saved the same names for different experts,
-    so at another data-parallel size they would be read into the wrong experts. The module's experts
-    themselves load at any size from the per-expert files: load_module_only=True."""
-    if autoep.autoep_layers(module) and saved_dp_world_size != dp_world_size:
-        raise CheckpointLoadError(f"this checkpoint was saved at {saved_dp_world_size} data-parallel ranks, this run "
-                                  f"has {dp_world_size}: the optimizer state of AutoEP experts loads only at the same "
-                                  f"data-parallel size and expert_parallel.autoep_size; pass load_module_only=True to "
-                                  f"load the weights (every expert, at any size) without the optimizer state")
+def load_autoep_optimizer(zero: Any, module: torch.nn.Module, directory: Path, saved_dp_world_size: int,
+                          dp_world_size: int, load_optimizer_states: bool) -> bool:
+    """ZeRO's state for a model with AutoEP layers saved at another data-parallel size or autoep_size
+    (True), else nothing done (False: ZeRO's own load). ZeRO finds shards by parameter name, and every
+    expert-data group saved its slice of a stacked expert weight under the same name, so the slices are
+    put back together here by expert: shard file r held data rank r's experts (expert-parallel rank
+    r % saved autoep_size), each expert-data group's shards concatenated in group-rank order. The
+    whole experts are then cut for this rank; the dense parameters come from ZeRO's per-parameter read."""
+    layers = autoep.autoep_layers(module)
+    if not layers:
+        return False
+    stacked = {name: (layer, param) for layer_name, layer in layers for name, param in
+               autoep.checkpoint._stacked(layer_name, layer).items()}
+    index = ShardIndex(directory)
+    saved_local = {slot.name: slot.shape[0] for entry in index.entries for slot in entry.layout.slots
+                   if slot.name in stacked}
+    same = saved_dp_world_size == dp_world_size and all(
+        saved_local.get(name) == param.shape[0] for name, (_, param) in stacked.items())
+    if same:
+        return False
+    try:
+        states, scalars = read_parameter_states(directory)  # dense parameters right; stacked experts replaced below
+        whole = _whole_experts(index, stacked)
+    except dszero.CheckpointError as exc:
+        raise CheckpointLoadError(f"{directory}: {exc}") from None
+    for name, (layer, param) in stacked.items():
+        first, count = layer.local_experts.first_expert, param.shape[0]
+        states[name] = {kind: tensor[first:first + count].clone() for kind, tensor in whole[name].items()}
+    load_parameter_states(zero, states, scalars, load_optimizer_states=load_optimizer_states)
+    return True
+
+
+def _whole_experts(index: Any, stacked: dict[str, Any]) -> dict[str, dict[str, torch.Tensor]]:
+    """{stacked expert weight: {"master" / state key: all experts}} from the saved expert groups."""
+    groups: dict[tuple, dict[int, Any]] = {}  # (group key, expert-parallel rank) -> {group rank: entry}
+    for entry in index.entries:
+        names = [slot.name for slot in entry.layout.slots]
+        if not any(name in stacked for name in names):
+            continue
+        if not all(name in stacked for name in names):
+            raise dszero.CheckpointError(f"{entry.file.name}: a parameter group mixes AutoEP experts with other "
+                                         f"parameters")
+        layer = stacked[names[0]][0]
+        ep_size = layer.local_experts.num_global // entry.layout.slots[0].shape[0]
+        saved_rank = int(SHARD_PATTERN.fullmatch(entry.file.name).group(1))
+        groups.setdefault((entry.key, saved_rank % ep_size), {})[entry.group_rank] = entry
+    pieces: dict[str, dict[int, dict[str, torch.Tensor]]] = {}
+    for (_, ep_rank), shards in groups.items():
+        first = shards[min(shards)]
+        if sorted(shards) != list(range(first.group_world)):
+            raise dszero.CheckpointError(f"expert group of {first.layout.slots[0].name!r}, expert-parallel rank "
+                                         f"{ep_rank}: shards {sorted(shards)} of {first.group_world}")
+        for kind in [MASTER, *index.state_keys(first)]:
+            tensor_name = kind if kind == MASTER else f"state.{kind}"
+            flat = torch.cat([index.tensor(shards[r], tensor_name) for r in range(first.group_world)])
+            for slot in first.layout.slots:
+                pieces.setdefault(slot.name, {}).setdefault(ep_rank, {})[kind] = \
+                    flat[slot.offset:slot.offset + slot.numel].view(slot.shape)
+    whole = {}
+    for name in stacked:
+        by_rank = pieces.get(name, {})
+        if not by_rank or sorted(by_rank) != list(range(len(by_rank))):
+            raise dszero.CheckpointError(f"{name}: the checkpoint holds expert slices of expert-parallel ranks "
+                                         f"{sorted(by_rank)}")
+        kinds = set.intersection(*(set(part) for part in by_rank.values()))
+        whole[name] = {kind: torch.cat([by_rank[r][kind] for r in range(len(by_rank))]) for kind in kinds}
+    return whole
 
 
 def load_autoep_experts(module: torch.nn.Module, directory: Path) -> None:
