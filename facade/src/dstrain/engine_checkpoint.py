@@ -36,7 +36,7 @@ from . import rng
 from .checkpoint_paths import LATEST, check_tag, read_latest, tag_directory
 from .errors import CheckpointLoadError, DstrainError
 from .logs import log_on_rank0
-from .wiring_autoep import check_autoep_reload, whole_state_dict
+from .wiring_autoep import load_autoep_optimizer, whole_state_dict
 from .wiring_dsmoe import expert_state_names, load_expert_states, save_expert_states
 
 if TYPE_CHECKING:
@@ -234,8 +234,9 @@ def load_checkpoint(parts: TrainingParts, load_dir, tag: Any, *, load_module_str
             _masters_from(parts, path)
         dscomm.barrier(group=parts.data_parallel_group)
         return str(path), common["client_state"]
-    check_autoep_reload(parts.module, common["dp_world_size"], parts.dp_world_size)  # AutoEP: the same layout
-    optimizer.load(path / ZERO_DIR, load_optimizer_states=load_optimizer_states)
+    if not load_autoep_optimizer(optimizer, parts.module, path / ZERO_DIR, common["dp_world_size"],
+                                 parts.dp_world_size, load_optimizer_states):  # AutoEP experts at another layout
+        optimizer.load(path / ZERO_DIR, load_optimizer_states=load_optimizer_states)
     if load_lr_scheduler_states and parts.lr_scheduler is not None and common["lr_scheduler"] is not None:
         parts.lr_scheduler.load_state_dict(common["lr_scheduler"])
     saved_hooks = common.get(STEP_HOOKS) or {}
