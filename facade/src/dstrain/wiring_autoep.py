@@ -149,7 +149,7 @@ def load_autoep_optimizer(zero: Any, module: torch.nn.Module, directory: Path, s
     if not layers:
         return False
     stacked = {name: (layer, param) for layer_name, layer in layers for name, param in
-               autoep.checkpoint._stacked(layer_name, layer).items()}
+               autoep.stacked_expert_weights(layer_name, layer).items()}
     index = ShardIndex(directory)
     saved_local = {slot.name: slot.shape[0] for entry in index.entries for slot in entry.layout.slots
                    if slot.name in stacked}

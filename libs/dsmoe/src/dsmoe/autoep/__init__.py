@@ -10,7 +10,12 @@ this rank's experts computed by torch._grouped_mm, a Triton grouped GEMM or a pe
 """
 
 from .apply import apply, autoep_layers
-from .checkpoint import full_expert_state_dict, global_expert_states, load_global_expert_states
+from .checkpoint import (
+    full_expert_state_dict,
+    global_expert_states,
+    load_global_expert_states,
+    stacked_expert_weights,
+)
 from .grouped import BACKENDS, choose_backend, expert_mlp, grouped_matmul
 from .layer import AutoEPLayer, BlockNames, LocalExperts
 from .presets import PRESETS, Preset
@@ -33,4 +38,5 @@ __all__ = [
     "grouped_matmul",
     "load_global_expert_states",
     "route",
+    "stacked_expert_weights",
 ]

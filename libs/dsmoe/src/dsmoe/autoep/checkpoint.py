@@ -23,7 +23,7 @@ def _layers(module: nn.Module) -> list[tuple[str, AutoEPLayer]]:
     return [(name, m) for name, m in module.named_modules() if isinstance(m, AutoEPLayer)]
 
 
-def _stacked(name: str, layer: AutoEPLayer) -> dict[str, torch.Tensor]:
+def stacked_expert_weights(name: str, layer: AutoEPLayer) -> dict[str, torch.Tensor]:
     """{full name of each stacked expert weight: parameter} of one layer."""
     experts = layer.local_experts
     head = f"{name}.{layer.names.experts}." if name else f"{layer.names.experts}."
@@ -32,14 +32,14 @@ def _stacked(name: str, layer: AutoEPLayer) -> dict[str, torch.Tensor]:
 
 def expert_state_names(module: nn.Module) -> set[str]:
     """State-dict names of the stacked expert weights (saved per expert instead of in the model file)."""
-    return {key for name, layer in _layers(module) for key in _stacked(name, layer)}
+    return {key for name, layer in _layers(module) for key in stacked_expert_weights(name, layer)}
 
 
 def global_expert_states(module: nn.Module) -> dict[str, dict[str, torch.Tensor]]:
     """{file name: {stacked weight's name: that expert's slice}} for every expert this rank holds."""
     files = {}
     for layer_id, (name, layer) in enumerate(_layers(module)):
-        stacked = _stacked(name, layer)
+        stacked = stacked_expert_weights(name, layer)
         for local, expert in enumerate(layer.local_experts.global_expert_ids()):
             files[expert_file_name(layer_id, expert)] = {key: p.detach()[local] for key, p in stacked.items()}
     return files
@@ -49,7 +49,7 @@ def load_global_expert_states(module: nn.Module, read: Callable[[str], dict[str,
     """Copy each local expert's slices from `read(file name)` (saved at any autoep_size)."""
     with torch.no_grad():
         for layer_id, (name, layer) in enumerate(_layers(module)):
-            stacked = _stacked(name, layer)
+            stacked = stacked_expert_weights(name, layer)
             for local, expert in enumerate(layer.local_experts.global_expert_ids()):
                 file = expert_file_name(layer_id, expert)
                 saved = read(file)
@@ -70,7 +70,7 @@ def full_expert_state_dict(module: nn.Module, state: dict[str, torch.Tensor] | N
     over each layer's ep group)."""
     state = dict(module.state_dict() if state is None else state)
     for name, layer in _layers(module):
-        for key in _stacked(name, layer):
+        for key in stacked_expert_weights(name, layer):
             if key not in state:
                 continue
             tensor = state[key].detach()
