@@ -332,3 +332,21 @@ def test_mixtral_router_jitter_is_kept():
     swapped.eval()
     reference.eval()
     torch.testing.assert_close(swapped(**M.batch(3)).loss, reference(**M.batch(3)).loss, rtol=RTOL, atol=1e-6)
+
+
+def test_grouped_mm_layer_cast_to_a_dtype_it_cannot_take_runs_the_loop():
+    """Chosen at float32 (12 x 4 bytes aligned), then cast to bfloat16 (12 x 2 bytes is not): the
+    layer falls back to the loop for that call instead of failing inside _grouped_mm."""
+    torch.manual_seed(1)
+    reference = _Model(hidden=12, ffn=4, layout="fused_out_in")
+    swapped = copy.deepcopy(reference)
+    autoep.apply(swapped, _ep(moe_layer_pattern=r"layers\.\d+\.moe", router_pattern="router",
+                              expert_pattern="mlp_experts", expert_w1="w1", expert_w2="w2", expert_w3=None,
+                              num_experts_attr="num_moe_experts", top_k_attr="moe_top_k"), model_config=_Cfg())
+    assert swapped.layers[0]["moe"].backend == "grouped_mm"
+    x = torch.randn(10, 12).bfloat16()
+    swapped.to(torch.bfloat16)
+    loop = copy.deepcopy(swapped)
+    for layer in loop.layers:
+        layer["moe"].backend = "loop"
+    torch.testing.assert_close(swapped(x), loop(x), rtol=0, atol=0)

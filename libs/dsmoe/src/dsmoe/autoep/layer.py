@@ -23,7 +23,7 @@ from torch import nn
 
 from ..all_to_all import all_to_all, exchange_counts
 from ..errors import MoEError
-from .grouped import expert_mlp
+from .grouped import expert_mlp, grouped_mm_fits
 from .routing import RoutingSpec, route
 
 
@@ -137,9 +137,12 @@ class AutoEPLayer(nn.Module):
 
     def _experts(self, rows: torch.Tensor, sizes: list[int]) -> torch.Tensor:
         experts, names = self.local_experts, self.names
+        w1, w2 = getattr(experts, names.w1), getattr(experts, names.w2)
         w3 = getattr(experts, names.w3) if names.w3 is not None else None
-        return expert_mlp(rows, sizes, getattr(experts, names.w1), getattr(experts, names.w2), w3, experts.in_out,
-                          experts.act_fn, self.backend)
+        backend = self.backend
+        if backend == "grouped_mm" and not grouped_mm_fits(rows.dtype, [rows.shape[1], *w1.shape[1:], *w2.shape[1:]]):
+            backend = "loop"  # cast since apply() (e.g. to bf16 by the engine) to a dtype whose rows are not 16-byte aligned
+        return expert_mlp(rows, sizes, w1, w2, w3, experts.in_out, experts.act_fn, backend)
 
     def _exchange_and_compute(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         ranks, local = self.ep_size, self.local_experts.num_local
