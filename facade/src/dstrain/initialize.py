@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -16,9 +16,11 @@ from .engine import DeepSpeedEngine
 from .errors import DstrainError
 from .feature_gate import check_features
 from .layout import data_parallel_size, parallel_dims, requested_degrees
-from .pipe_engine import PipelineEngine
 from .wiring_dspipe import is_pipeline_module, pipeline_degree
 from .wiring_dstp import check_mpu, mpu_tensor_size
+
+if TYPE_CHECKING:
+    from .pipe_engine import PipelineEngine
 
 
 def initialize(args: Any = None, model: torch.nn.Module | None = None, optimizer: Any = None,
@@ -58,12 +60,18 @@ def initialize(args: Any = None, model: torch.nn.Module | None = None, optimizer
     composed = compose(model, cfg, groups, model_parameters)  # every parallelism, in its one order
     # An autotuning experiment (the launcher's --autotuning) measures its profile steps and ends the run.
     composed.step_hooks.extend(experiment_hooks(cfg, composed.model, rank=dscomm.get_rank()))
-    engine_type = PipelineEngine if is_pipeline_module(composed.model) else DeepSpeedEngine
+    engine_type = _pipeline_engine() if is_pipeline_module(composed.model) else DeepSpeedEngine
     engine = engine_type(model=composed.model, config=cfg, optimizer=optimizer,
                              model_parameters=composed.model_parameters, training_data=training_data,
                              lr_scheduler=lr_scheduler, collate_fn=collate_fn, data_parallel_group=groups.data,
                              groups=groups, step_hooks=composed.step_hooks)
     return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler
+
+
+def _pipeline_engine() -> type[PipelineEngine]:
+    from .pipe_engine import PipelineEngine  # dspipe is optional: imported only for a PipelineModule
+
+    return PipelineEngine
 
 
 def _start_distributed(port: int, required: bool | None) -> None:

@@ -7,7 +7,14 @@
 """
 
 from dscomm import PipeDataParallelTopology, PipeModelDataParallelTopology, ProcessTopology
-from dspipe import DualPipeVModule, LayerSpec, PipelineModule, TiedLayerSpec
+
+from .optional_libs import require
+
+try:  # dspipe is an optional library: name its install, not a stack
+    from dspipe import DualPipeVModule, LayerSpec, PipelineModule, TiedLayerSpec
+except ModuleNotFoundError:
+    require("dspipe", "dstrain.pipe (pipeline parallelism)")
+    raise
 
 from .pipe_engine import PipelineEngine
 

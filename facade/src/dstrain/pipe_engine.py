@@ -21,8 +21,15 @@ import torch
 import dscomm
 from dsconfig import ConfigError, DeepSpeedConfig, Problem
 from dsmonitor import events
-from dspipe import PipelineError, PipelineModule, ScheduleError
-from dspipe.runtime import PipelineRuntime
+
+from .optional_libs import require
+
+try:  # dspipe is an optional library: name its install, not a stack
+    from dspipe import PipelineError, PipelineModule, ScheduleError
+    from dspipe.runtime import PipelineRuntime
+except ModuleNotFoundError:
+    require("dspipe", "dstrain.PipelineEngine (pipeline parallelism)")
+    raise
 
 from .dataloader import DeepSpeedDataLoader, RepeatingLoader
 from .engine import _counter, _part

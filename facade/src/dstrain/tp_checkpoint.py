@@ -24,7 +24,6 @@ import torch
 
 import dsaio
 import dscomm
-import dstp
 import dszero
 from dszero.checkpoint import (
     is_shared_file_writer,
@@ -39,6 +38,10 @@ from . import engine_checkpoint as plain
 from .checkpoint_paths import LATEST, check_tag
 from .errors import CheckpointLoadError, DstrainError
 from .logs import log_on_rank0
+from .optional_libs import LazyLibrary, imported
+
+# dstp is optional: a model is tensor-parallel only once dstp is imported (tensor_state is None without it).
+dstp = LazyLibrary("dstp", "a tensor-parallel checkpoint")
 
 if TYPE_CHECKING:
     from .parts import TrainingParts
@@ -52,6 +55,8 @@ def tp_directory(rank: int, size: int) -> str:
 
 
 def tensor_state(parts: TrainingParts) -> dstp.TensorParallelModel | None:
+    if not imported("dstp"):
+        return None
     state = dstp.state_of(parts.module)
     return state if state is not None and state.tp_size > 1 else None
 

@@ -22,17 +22,20 @@ import torch.distributed as dist
 
 import dsaio
 import dscomm
-import dsmoe
 import dszero
 from dsconfig import DeepSpeedConfig, Problem
-from dsmoe import autoep
 from dszero.checkpoint import load_parameter_states, read_parameter_states
 from dszero.checkpoint.by_parameter import MASTER
 from dszero.checkpoint.shard_index import SHARD_PATTERN, ShardIndex
 
 from .errors import CheckpointLoadError, UnsupportedFeatureError
+from .optional_libs import LazyLibrary, imported
 
 EXPERT_FILE_SUFFIX = ".safetensors"
+
+# dsmoe is optional: AutoEP layers exist only once dsmoe is imported (wiring_dsmoe guards its callers).
+dsmoe = LazyLibrary("dsmoe", "AutoEP (expert_parallel.enabled)")
+autoep = LazyLibrary("dsmoe.autoep", "AutoEP (expert_parallel.enabled)")
 
 
 def apply_autoep(composed: Any, config: DeepSpeedConfig, groups: Any,
@@ -117,7 +120,7 @@ def broadcast_autoep_experts(module: torch.nn.Module) -> None:
 def whole_state_dict(module: torch.nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """`state` with the AutoEP experts gathered to the original model's [experts, ...] tensors
     (collective over each layer's expert-parallel group: every rank calls it)."""
-    if not autoep.autoep_layers(module):
+    if not imported("dsmoe") or not autoep.autoep_layers(module):
         return state
     return autoep.full_expert_state_dict(module, state)
 
@@ -145,6 +148,8 @@ def load_autoep_optimizer(zero: Any, module: torch.nn.Module, directory: Path, s
     put back together here by expert: shard file r held data rank r's experts (expert-parallel rank
     r % saved autoep_size), each expert-data group's shards concatenated in group-rank order. The
     whole experts are then cut for this rank; the dense parameters come from ZeRO's per-parameter read."""
+    if not imported("dsmoe"):
+        return False
     layers = autoep.autoep_layers(module)
     if not layers:
         return False

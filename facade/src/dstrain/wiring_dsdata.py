@@ -21,18 +21,25 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-import dsdata
 from dsconfig import ConfigError, ConfigWarning, DeepSpeedConfig, Problem
 
 from .errors import DstrainError
+from .optional_libs import LazyLibrary, imported, require
 
 if TYPE_CHECKING:
     from .compose import Composed
 
+# dsdata is optional: imported on the first path that uses it (a data-efficiency key the gate let through).
+dsdata = LazyLibrary("dsdata", "data efficiency (curriculum learning, random-LTD)")
+
 # DeepSpeed's public random-LTD helpers, as dstrain names (dstrain.convert_to_random_ltd(engine, Layer)).
-convert_to_random_ltd = dsdata.convert_to_random_ltd
-remove_random_ltd_state_dict = dsdata.remove_random_ltd_state_dict
-save_without_random_ltd = dsdata.save_without_random_ltd
+_DSDATA_NAMES = ("convert_to_random_ltd", "remove_random_ltd_state_dict", "save_without_random_ltd")
+
+
+def __getattr__(name: str):
+    if name in _DSDATA_NAMES:
+        return getattr(require("dsdata", f"dstrain.{name}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 LTD_KEY = "data_efficiency.data_routing.random_ltd"
 CURRICULUM_KEY = "data_efficiency.data_sampling.curriculum_learning"
@@ -197,7 +204,7 @@ def set_data_post_process_func(parts: Any, post_process_func: Any) -> None:
     if post_process_func is not None and not callable(post_process_func):
         raise TypeError(f"set_data_post_process_func needs fn(batch, sampler_state) -> batch, got "
                         f"{type(post_process_func).__name__}")
-    if not isinstance(loader, dsdata.SampledDataLoader):
+    if not _is_curriculum_loader(loader):
         warnings.warn(f"set_data_post_process_func: the function runs on the curriculum loader ({CURRICULUM_KEY}."
                       f"enabled with initialize(training_data=...)); this engine's loader is "
                       f"{type(loader).__name__ if loader is not None else 'absent'}, so it is not applied",
@@ -219,7 +226,7 @@ def set_custom_curriculum_learning_schedule(parts: Any, schedule_func_dict: dict
         legacy.scheduler.set_custom_get_difficulty(remaining.pop(legacy_name))
         legacy.scheduler.update_difficulty(parts.progress.global_steps + 1)
     loader = parts.training_dataloader
-    if remaining and isinstance(loader, dsdata.SampledDataLoader):
+    if remaining and _is_curriculum_loader(loader):
         try:
             loader.set_custom_curriculum_learning_schedule(remaining)
         except dsdata.DataEfficiencyError as exc:
@@ -229,6 +236,10 @@ def set_custom_curriculum_learning_schedule(parts: Any, schedule_func_dict: dict
                            f"{', '.join(map(repr, remaining))}: it needs {CURRICULUM_KEY}.enabled with "
                            f"initialize(training_data=...) (or the legacy {LEGACY_KEY} section, under its "
                            f"curriculum_type)")
+
+
+def _is_curriculum_loader(loader: Any) -> bool:
+    return imported("dsdata") and isinstance(loader, dsdata.SampledDataLoader)  # without dsdata none is
 
 
 def random_ltd_scheduler(parts: Any) -> dsdata.RandomLTDScheduler | None:

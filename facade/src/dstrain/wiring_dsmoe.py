@@ -28,12 +28,11 @@ import torch.distributed as dist
 
 import dsaio
 import dscomm
-import dsmoe
 from dscomm.tags import EXPERT_GROUP_NAME_KEY
 from dsconfig import DeepSpeedConfig, Problem
-from dsmoe import autoep
 
 from .errors import CheckpointLoadError, DstrainError, UnsupportedFeatureError
+from .optional_libs import LazyLibrary, imported
 from .wiring_autoep import (
     apply_autoep,
     autoep_state_names,
@@ -46,12 +45,19 @@ from .wiring_autoep import (
 EXPERT_FILE_SUFFIX = ".safetensors"
 _GROUP_NAME = re.compile(r"ep_size_(\d+)")
 
+# dsmoe is optional: a model holds MoE or AutoEP layers only once dsmoe is imported, so each step below
+# is a no-op while it is not (and the gate refuses expert_parallel.enabled without dsmoe installed).
+dsmoe = LazyLibrary("dsmoe", "MoE layers")
+autoep = LazyLibrary("dsmoe.autoep", "AutoEP (expert_parallel.enabled)")
+
 
 def apply_experts(composed: Any, config: DeepSpeedConfig, groups: Any) -> Any:
     """Give every MoE layer of composed.model its expert groups and split the optimizer's parameters
     into DeepSpeed's MoE groups (no-op without MoE layers). AutoEP (expert_parallel.enabled) swaps
     Hugging Face MoE blocks first (wiring_autoep)."""
     composed = apply_autoep(composed, config, groups, expert_groups)
+    if not imported("dsmoe"):
+        return composed
     layers = dsmoe.moe_layers(composed.model)
     if not layers:
         return composed
@@ -114,7 +120,7 @@ def expert_param_group_keys(optimizer: Any, module: torch.nn.Module, groups: Any
 
 
 def _has_experts(module: torch.nn.Module) -> bool:
-    return bool(dsmoe.moe_layers(module)) or bool(autoep.autoep_layers(module))
+    return imported("dsmoe") and (bool(dsmoe.moe_layers(module)) or bool(autoep.autoep_layers(module)))
 
 
 def _ep_size_of(group: dict[str, Any], index: int) -> int:
@@ -129,12 +135,14 @@ def _ep_size_of(group: dict[str, Any], index: int) -> int:
 
 # ------------------------------------------------------------------------------------------ weights
 def is_expert_tensor(tensor: torch.Tensor) -> bool:
-    return dsmoe.is_moe_param(tensor)
+    return imported("dsmoe") and dsmoe.is_moe_param(tensor)
 
 
 def broadcast_expert_parameters(module: torch.nn.Module) -> None:
     """Every rank starts from its expert-data-parallel group's first rank's experts (the dense
     weights come from the data-parallel group's first rank; experts differ across expert ranks)."""
+    if not imported("dsmoe"):
+        return
     broadcast_autoep_experts(module)
     with torch.no_grad():
         for _, layer in dsmoe.moe_layers(module):
@@ -149,12 +157,16 @@ def broadcast_expert_parameters(module: torch.nn.Module) -> None:
 # ------------------------------------------------------------------------------------------ checkpoints
 def expert_state_names(module: torch.nn.Module) -> set[str]:
     """State-dict names the per-expert files hold (left out of the module file)."""
+    if not imported("dsmoe"):
+        return set()
     names = dsmoe.checkpoint.expert_state_names(module) if dsmoe.moe_layers(module) else set()
     return names | autoep_state_names(module)
 
 
 def save_expert_states(module: torch.nn.Module, directory: Path) -> None:
     """Each expert's weights into its own file, written by the first rank of its expert-data group."""
+    if not imported("dsmoe"):
+        return
     save_autoep_experts(module, directory)
     files = dsmoe.checkpoint.expert_writers(module, _writes_experts)
     for name, state in files.items():
@@ -168,6 +180,8 @@ def _writes_experts(layer: Any) -> bool:
 
 def load_expert_states(module: torch.nn.Module, directory: Path, strict: bool = True) -> None:
     """The experts this rank holds, from their files (saved at any ep_size)."""
+    if not imported("dsmoe"):
+        return
     load_autoep_experts(module, directory)
     if not dsmoe.moe_layers(module):
         return

@@ -13,18 +13,19 @@ data-parallel size, world / (pipe x tensor).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 import dscomm
 from dsconfig import ConfigError, DeepSpeedConfig, Problem
-from dspipe import PipelineModule
-from dspipe.runtime import check_schedule
-from dspipe.schedules import schedule_name
 
 from .errors import UnsupportedFeatureError
 from .logs import log_on_rank0
+from .optional_libs import imported
+
+if TYPE_CHECKING:
+    from dspipe import PipelineModule
 
 # What "1f1b" (the config's default) means for modules cut for other schedules.
 _NATURAL = {"v": "dualpipev", "interleaved": "interleaved_1f1b"}
@@ -32,6 +33,10 @@ _PARTITIONS = ("best", "parameters", "uniform", "profile", "type:<regex>")
 
 
 def is_pipeline_module(model: Any) -> bool:
+    if not imported("dspipe"):  # dspipe is optional: without it no model is a PipelineModule
+        return False
+    from dspipe import PipelineModule
+
     return isinstance(model, PipelineModule)
 
 
@@ -113,6 +118,9 @@ def _params(group: dict[str, Any]) -> list[torch.Tensor]:
 def choose_schedule(config: DeepSpeedConfig, model: PipelineModule) -> str:
     """pipeline.schedule, where the module can run it; the default "1f1b" means the module's own schedule
     for a DualPipeVModule (dualpipev) or a module cut into chunks (interleaved_1f1b)."""
+    from dspipe.runtime import check_schedule
+    from dspipe.schedules import schedule_name
+
     asked = schedule_name(config.pipeline.schedule)
     placement = model.placement
     shape = "v" if placement.shape == "v" else ("interleaved" if placement.stages > placement.ranks else "loop")

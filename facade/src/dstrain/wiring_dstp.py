@@ -14,11 +14,10 @@ from typing import Any
 import torch
 
 import dscomm
-import dstp
 from dsconfig import ConfigError, DeepSpeedConfig, Problem
-from dstp.plan import plan_summary
 
 from .errors import UnsupportedFeatureError
+from .optional_libs import require
 
 TP_INIT_ATTR = "_dstrain_tp_model_init"  # what dstrain.tp_model_init recorded on a model
 
@@ -46,6 +45,7 @@ def apply_tensor_parallel(composed: Any, config: DeepSpeedConfig, groups: Any) -
                                                "runs two half-batches as coroutines, which activation checkpointing "
                                                "(gradient_checkpointing_enable) would mix up; turn one of them off",
                                                True)])
+    dstp = require("dstp", "tensor_parallel.autotp_size > 1 (AutoTP)")
     try:
         state = dstp.parallelize(model, groups.tensor, tp_overlap_comm=section.tp_overlap_comm,
                                  preset_model=section.preset_model, partition_config=section.partition_config,
@@ -53,9 +53,11 @@ def apply_tensor_parallel(composed: Any, config: DeepSpeedConfig, groups: Any) -
     except dstp.TensorParallelError as exc:
         raise ConfigError(Problem("tensor_parallel", str(exc))) from None
     if dscomm.get_rank() == 0:
-        summary = plan_summary(state.plan)
+        from dstp.plan import plan_summary
+
         from .logs import log_on_rank0
 
+        summary = plan_summary(state.plan)
         log_on_rank0(0, f"AutoTP: {tp_size} tensor ranks, rules from {state.plan.source}: {summary}")
     parameters = replica_aware_groups(composed.model_parameters, model, tp_size)
     return dataclasses.replace(composed, model_parameters=parameters)

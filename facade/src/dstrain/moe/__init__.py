@@ -9,15 +9,21 @@ Beyond DeepSpeed's names: `moe_aux_loss(model)` (the layers' summed l_aux), `rep
 (`MixtureOfStudents`, `distillation_loss`, `load_teacher`).
 """
 
-from dsmoe import (
-    DenseMLP,
-    MixtureOfStudents,
-    MoE,
-    distillation_loss,
-    expand_num_experts,
-    moe_aux_loss,
-    pyramid_layers,
-)
+from ..optional_libs import require
+
+try:  # dsmoe is an optional library: name its install, not a stack
+    from dsmoe import (
+        DenseMLP,
+        MixtureOfStudents,
+        MoE,
+        distillation_loss,
+        expand_num_experts,
+        moe_aux_loss,
+        pyramid_layers,
+    )
+except ModuleNotFoundError:
+    require("dsmoe", "dstrain.moe (Mixture of Experts)")
+    raise
 
 from . import experts, layer, sharded_moe, utils
 from .reporting import expert_count_event, report_expert_counts

@@ -42,7 +42,8 @@ from typing import Any
 import torch
 
 import dscomm
-from dstp import ModelGeometry
+
+from ..optional_libs import require
 
 QUERY = ("q_proj", "query", "wq")
 KEY_VALUE = ("k_proj", "v_proj", "key", "value", "wk", "wv")
@@ -86,7 +87,9 @@ class HeadGeometry:
     def from_config(cls, config: Any) -> HeadGeometry:
         if config is None:
             return cls()
-        shape = ModelGeometry.from_config(config)
+        # dstp is optional: only per-head Muon reads a model's geometry (dstp's reading of HF configs)
+        dstp = require("dstp", "optimizer.params.per_head_muon (the model's attention geometry)")
+        shape = dstp.ModelGeometry.from_config(config)
         text = getattr(config, "text_config", None)
         fields = text if text is not None and getattr(config, "num_attention_heads", None) is None else config
         widths = [getattr(fields, "head_dim", None)]

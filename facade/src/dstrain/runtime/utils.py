@@ -22,9 +22,7 @@ def set_random_seed(seed: int) -> None:
 
 def __getattr__(name: str):
     if name in ("partition_uniform", "partition_balanced"):
-        try:
-            import dspipe
-        except ImportError:
-            raise ImportError(f"deepspeed.runtime.utils.{name} comes from the dspipe library: pip install dspipe") from None
-        return getattr(dspipe, name)
+        from ..optional_libs import require
+
+        return getattr(require("dspipe", f"deepspeed.runtime.utils.{name}"), name)
     raise AttributeError(f"module 'dstrain.runtime.utils' has no attribute {name!r}")
