@@ -39,7 +39,7 @@ VARIANTS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "dsaio-notorch": ("dsaio", "test-notorch", ("torch",)),  # dsaio is installed alone, without torch
 }
 
-nox.options.sessions = [*LAYERS, *VARIANTS, "lint"]
+nox.options.sessions = [*LAYERS, *VARIANTS, "dstrain-spine", "lint"]
 nox.options.reuse_existing_virtualenvs = False
 nox.options.error_on_missing_interpreters = True
 
@@ -48,19 +48,23 @@ def _project_dir(lib: str) -> Path:
     return ROOT / ("facade" if lib == "dstrain" else f"libs/{lib}")
 
 
-def _sibling_dependencies(lib: str) -> list[str]:
-    """Sibling libraries named in `lib`'s [project].dependencies."""
+def _sibling_dependencies(lib: str, optional: bool = True) -> list[str]:
+    """Sibling libraries named in `lib`'s [project].dependencies and, with `optional`, its extras (the
+    facade's middle-row libraries are extras: they too must resolve to the local checkouts)."""
     project = tomllib.loads((_project_dir(lib) / "pyproject.toml").read_text())["project"]
-    names = (re.split(r"[\s\[<>=!~;]", req, maxsplit=1)[0] for req in project.get("dependencies", []))
-    return [name for name in names if name in LAYERS]
+    requirements = list(project.get("dependencies", []))
+    if optional:
+        requirements += [req for extra in project.get("optional-dependencies", {}).values() for req in extra]
+    names = (re.split(r"[\s\[<>=!~;]", req, maxsplit=1)[0] for req in requirements)
+    return list(dict.fromkeys(name for name in names if name in LAYERS and name != lib))
 
 
-def _closure(lib: str) -> list[str]:
-    """`lib`'s sibling dependencies, transitively, lowest layer first."""
+def _closure(lib: str, optional: bool = True) -> list[str]:
+    """`lib`'s sibling dependencies (with `optional`: and its extras'), transitively, lowest layer first."""
     seen: list[str] = []
 
     def visit(name: str) -> None:
-        for dep in _sibling_dependencies(name):
+        for dep in _sibling_dependencies(name, optional):
             if dep not in seen:
                 visit(dep)
                 seen.append(dep)
@@ -73,10 +77,14 @@ def _run_library_tests(session: nox.Session, lib: str, extra: str = "test", abse
     local = [str(_project_dir(dep)) for dep in _closure(lib)]
     # One pip call so sibling requirements resolve to the local checkouts, never to PyPI.
     session.install("-c", CONSTRAINTS, *local, f"{_project_dir(lib)}[{extra}]")
-    for module in absent:  # the variant is only meaningful if the module really is missing
+    _check_absent(session, absent)
+    session.run("pytest", str(_project_dir(lib) / "tests"), *session.posargs)
+
+
+def _check_absent(session: nox.Session, modules: tuple[str, ...]) -> None:
+    for module in modules:  # the variant is only meaningful if the module really is missing
         session.run("python", "-c", f"import importlib.util, sys; sys.exit(importlib.util.find_spec({module!r}) "
                                     f"is not None and '{module} is installed but must not be')")
-    session.run("pytest", str(_project_dir(lib) / "tests"), *session.posargs)
 
 
 def _library_session(lib: str, extra: str = "test", absent: tuple[str, ...] = ()):
@@ -91,6 +99,19 @@ for _lib in LAYERS:
     nox.session(name=_lib)(_library_session(_lib))
 for _name, (_lib, _extra, _absent) in VARIANTS.items():
     nox.session(name=_name)(_library_session(_lib, _extra, _absent))
+
+
+@nox.session(name="dstrain-spine")
+def dstrain_spine(session: nox.Session) -> None:
+    """The facade with its required libraries only (no extras: no dspipe, dsmoe, dstp, dsdata): it
+    trains, and refuses what needs a missing library by name (facade/tests_spine)."""
+    spine = _closure("dstrain", optional=False)
+    middle_row = tuple(lib for lib in _closure("dstrain") if lib not in spine)
+    session.install("-c", CONSTRAINTS, *[str(_project_dir(dep)) for dep in spine], str(_project_dir("dstrain")),
+                    "pytest>=8")
+    _check_absent(session, middle_row)
+    session.log(f"installed {', '.join(spine)} and dstrain; absent: {', '.join(middle_row)}")
+    session.run("pytest", "-q", str(ROOT / "facade" / "tests_spine"), *session.posargs, env={"DSTRAIN_SPINE": "1"})
 
 
 @nox.session
