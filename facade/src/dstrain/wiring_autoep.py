@@ -211,10 +211,8 @@ def _whole_experts(index: Any, stacked: dict[str, Any]) -> dict[str, dict[str, t
     return whole
 
 
-def load_autoep_experts(module: torch.nn.Module, directory: Path) -> None:
-    if not autoep.autoep_layers(module):
-        return
-
+def expert_file_reader(directory: Path) -> Callable[[str], dict[str, torch.Tensor]]:
+    """Reads one expert's file of a checkpoint directory by its name (dsmoe's and AutoEP's files alike)."""
     def read(name: str) -> dict[str, torch.Tensor]:
         path = directory / (name + EXPERT_FILE_SUFFIX)
         if not path.is_file():
@@ -222,7 +220,13 @@ def load_autoep_experts(module: torch.nn.Module, directory: Path) -> None:
                                       f"model with the same MoE layers and expert counts?)")
         return dsaio.load_state_dict(path)
 
+    return read
+
+
+def load_autoep_experts(module: torch.nn.Module, directory: Path) -> None:
+    if not autoep.autoep_layers(module):
+        return
     try:
-        autoep.load_global_expert_states(module, read)
+        autoep.load_global_expert_states(module, expert_file_reader(directory))
     except dsmoe.MoEError as exc:
         raise CheckpointLoadError(f"{directory}: {exc}") from None

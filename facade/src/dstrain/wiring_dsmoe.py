@@ -34,15 +34,16 @@ from dsconfig import DeepSpeedConfig, Problem
 from .errors import CheckpointLoadError, DstrainError, UnsupportedFeatureError
 from .optional_libs import LazyLibrary, imported
 from .wiring_autoep import (
+    EXPERT_FILE_SUFFIX,
     apply_autoep,
     autoep_state_names,
     broadcast_autoep_experts,
+    expert_file_reader,
     load_autoep_experts,
     renew_optimizer_params,
     save_autoep_experts,
 )
 
-EXPERT_FILE_SUFFIX = ".safetensors"
 _GROUP_NAME = re.compile(r"ep_size_(\d+)")
 
 # dsmoe is optional: a model holds MoE or AutoEP layers only once dsmoe is imported, so each step below
@@ -185,15 +186,7 @@ def load_expert_states(module: torch.nn.Module, directory: Path, strict: bool = 
     load_autoep_experts(module, directory)
     if not dsmoe.moe_layers(module):
         return
-
-    def read(name: str) -> dict[str, torch.Tensor]:
-        path = directory / (name + EXPERT_FILE_SUFFIX)
-        if not path.is_file():
-            raise CheckpointLoadError(f"{path} is missing: the checkpoint holds no such expert (was it saved from a "
-                                      f"model with the same MoE layers and expert counts?)")
-        return dsaio.load_state_dict(path)
-
     try:
-        dsmoe.load_local_experts(module, read, strict=strict)
+        dsmoe.load_local_experts(module, expert_file_reader(directory), strict=strict)
     except dsmoe.MoEError as exc:
         raise CheckpointLoadError(f"{directory}: {exc}") from None
