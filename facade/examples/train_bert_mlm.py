@@ -27,6 +27,7 @@ from dstrain.ops.transformer import (
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bert_model import BertMLM, MaskedChars
+from evaluation import evaluate
 from progress import ProgressBar
 from text_corpus import CharWindows, stdlib_bytes
 
@@ -120,15 +121,6 @@ def main() -> None:
               f"{sum(losses[:window]) / window:.3f} -> {sum(losses[-window:]) / window:.3f} (mean of {window} "
               f"steps); validation loss {val:.3f}", flush=True)
     engine.destroy()
-
-
-@torch.no_grad()
-def evaluate(engine, dataset, batches: int = 8) -> float:
-    engine.eval()
-    loader = engine.deepspeed_io(dataset, route="eval")
-    losses = [engine(batch).item() for _, batch in zip(range(batches), loader)]
-    engine.train()
-    return sum(losses) / max(len(losses), 1)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from torch.nn import functional as F
 import dstrain as deepspeed
 
 sys.path.insert(0, str(Path(__file__).parent))
+from evaluation import evaluate
 from gpt_model import CausalSelfAttention
 from progress import ProgressBar
 from text_corpus import CharWindows, stdlib_bytes
@@ -197,15 +198,6 @@ def main() -> None:
                   f"of up to {window} steps); validation loss {val:.3f}", flush=True)
         print(f"checkpoint: {ckpt_dir} (resume with --resume)", flush=True)
     engine.destroy()
-
-
-@torch.no_grad()
-def evaluate(engine, dataset, batches: int = 8) -> float:
-    engine.eval()
-    loader = engine.deepspeed_io(dataset, route="eval")
-    losses = [engine(batch).item() for _, batch in zip(range(batches), loader)]
-    engine.train()
-    return sum(losses) / max(len(losses), 1)
 
 
 if __name__ == "__main__":
