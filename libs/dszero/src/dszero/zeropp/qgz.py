@@ -60,6 +60,21 @@ def _swap(payload: torch.Tensor, group: Any, log_name: str) -> torch.Tensor:
     return received
 
 
+def _exchange_and_sum(rows: torch.Tensor, spec: QuantSpec, residuals: Residuals | None, step: str, group: Any,
+                      log_name: str) -> torch.Tensor:
+    """Quantize `rows` (one per peer of `group`, plus this step's residual under error feedback), swap them over
+    the group and sum what arrives. `step` names the Residuals field ("within" or "across") this step keeps."""
+    residual = None
+    if residuals is not None:
+        residual = getattr(residuals, step)
+        if residual is None:
+            residual = torch.zeros_like(rows)
+    payload, lost = _send(rows, spec, residual)
+    if residuals is not None:
+        setattr(residuals, step, lost)
+    return dequantize(_swap(payload, group, log_name), rows.shape[1], spec).sum(dim=0)
+
+
 def quantized_reduce_scatter(out: torch.Tensor, flat: torch.Tensor, nodes: NodeGroups, spec: QuantSpec, *,
                              average: bool, residuals: Residuals | None = None) -> torch.Tensor:
     """This rank's shard of the sum (or mean) of `flat` over the data-parallel ranks, written to `out`."""
@@ -69,24 +84,12 @@ def quantized_reduce_scatter(out: torch.Tensor, flat: torch.Tensor, nodes: NodeG
     if h > 1:
         # Row j: the shards node-mate j reduces for this node, every node's in node order.
         rows = grads.permute(1, 0, 2).reshape(h, n * size).float()
-        if residuals is not None and residuals.within is None:
-            residuals.within = torch.zeros_like(rows)
-        payload, lost = _send(rows, spec, residuals.within if residuals is not None else None)
-        if residuals is not None:
-            residuals.within = lost
-        received = _swap(payload, nodes.local_group, "zeropp_qgz_within_node")
-        partial = dequantize(received, n * size, spec).sum(dim=0)
+        partial = _exchange_and_sum(rows, spec, residuals, "within", nodes.local_group, "zeropp_qgz_within_node")
     else:
         partial = grads.reshape(n * size).float()
     if n > 1:
-        rows = partial.view(n, size)
-        if residuals is not None and residuals.across is None:
-            residuals.across = torch.zeros_like(rows)
-        payload, lost = _send(rows, spec, residuals.across if residuals is not None else None)
-        if residuals is not None:
-            residuals.across = lost
-        received = _swap(payload, nodes.across_group, "zeropp_qgz_across_nodes")
-        total = dequantize(received, size, spec).sum(dim=0)
+        total = _exchange_and_sum(partial.view(n, size), spec, residuals, "across", nodes.across_group,
+                                  "zeropp_qgz_across_nodes")
     else:
         total = partial
     if average:
