@@ -31,13 +31,7 @@ def read_parameter_states(directory: str | os.PathLike) -> tuple[dict[str, dict[
     index = ShardIndex(path)
     states: dict[str, dict[str, torch.Tensor]] = {}
     scalars: dict[str, Any] = {}
-    for key in dict.fromkeys(entry.key for entry in index.entries):
-        shards = index.instances(key)
-        layout = shards[0][0].layout
-        missing = sorted(set(range(layout.world_size)) - set(shards))
-        if missing:
-            raise CheckpointError(f"{path}: the shard(s) of rank(s) {missing} of a {layout.world_size}-rank parameter "
-                                  f"group are missing (group starting with {layout.slots[0].name!r})")
+    for layout, shards in index.complete_groups():
         first = shards[0][0]
         scalars = scalars or dict(first.scalars)
         for kind in [MASTER, *index.state_keys(first)]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 import struct
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +90,18 @@ class ShardIndex:
             if entry.key == key:
                 found.setdefault(entry.group_rank, []).append(entry)
         return found
+
+    def complete_groups(self) -> Iterator[tuple[GroupLayout, dict[int, list[Entry]]]]:
+        """(layout, shards by rank in the group) of each saved group once, in saved order; a group with a
+        rank's shard missing is an error naming the ranks."""
+        for key in dict.fromkeys(entry.key for entry in self.entries):
+            shards = self.instances(key)
+            layout = shards[0][0].layout
+            missing = sorted(set(range(layout.world_size)) - set(shards))
+            if missing:
+                raise CheckpointError(f"{self.path}: the shard(s) of rank(s) {missing} of a {layout.world_size}-rank "
+                                      f"parameter group are missing (group starting with {layout.slots[0].name!r})")
+            yield layout, shards
 
     def tensors(self, entry: Entry) -> dict[str, torch.Tensor]:
         if entry.file not in self._tensors:

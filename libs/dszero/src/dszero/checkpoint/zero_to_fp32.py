@@ -32,13 +32,7 @@ def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir: str | os.PathLike, 
     read_meta(path)  # verifies the manifest
     index = ShardIndex(path)
     state: dict[str, torch.Tensor] = {}
-    for key in dict.fromkeys(entry.key for entry in index.entries):  # each group once, in saved order
-        shards = index.instances(key)
-        layout = shards[0][0].layout
-        missing = sorted(set(range(layout.world_size)) - set(shards))
-        if missing:
-            raise CheckpointError(f"{path}: the shard(s) of rank(s) {missing} of a {layout.world_size}-rank parameter "
-                                  f"group are missing (group starting with {layout.slots[0].name!r})")
+    for layout, shards in index.complete_groups():
         flat = torch.cat([index.tensor(shards[r][0], "master") for r in range(layout.world_size)]).float()
         for slot in layout.slots:
             state[slot.name] = flat[slot.offset:slot.end].view(slot.shape).clone()
