@@ -9,7 +9,6 @@ import torch
 import dscomm
 from dsconfig import ConfigError, Problem
 
-from .autotuning.engine_metrics import experiment_hooks
 from .compose import compose
 from .config_source import load_config, pick_source
 from .engine import DeepSpeedEngine
@@ -59,6 +58,8 @@ def initialize(args: Any = None, model: torch.nn.Module | None = None, optimizer
     dscomm.groups.use(groups)
     composed = compose(model, cfg, groups, model_parameters)  # every parallelism, in its one order
     # An autotuning experiment (the launcher's --autotuning) measures its profile steps and ends the run.
+    from .autotuning.engine_metrics import experiment_hooks  # the tuner's code loads only for its runs
+
     composed.step_hooks.extend(experiment_hooks(cfg, composed.model, rank=dscomm.get_rank()))
     engine_type = _pipeline_engine() if is_pipeline_module(composed.model) else DeepSpeedEngine
     engine = engine_type(model=composed.model, config=cfg, optimizer=optimizer,

@@ -39,8 +39,3 @@ def hold() -> Callable[[], None]:
                 gc.enable()
 
     return release
-
-
-def holders() -> int:
-    """How many live engines keep automatic collection off."""
-    return _holders

@@ -26,6 +26,7 @@ from typing import Any
 from .configs import experiment_config
 from .engine_metrics import METRICS_ENV
 from .errors import AutotuningError
+from .outputs import write_atomically
 from .search import Outcome
 from .space import Point
 
@@ -182,6 +183,4 @@ def _read_json(path: Path) -> dict | None:
 
 def _write_json(path: Path, data: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    os.replace(partial, path)
+    write_atomically(path, json.dumps(data, indent=2, sort_keys=True) + "\n")

@@ -124,15 +124,16 @@ def write_results(result: SearchResult, results_dir: Path, *, optimal: dict | No
     """summary.txt, summary.csv and, when an experiment succeeded, ds_config_optimal.json and cmd_optimal.txt."""
     written = []
     for name, text in (("summary.txt", summary_text(result) + "\n"), ("summary.csv", summary_csv(result))):
-        written.append(_write(results_dir / name, text))
+        written.append(write_atomically(results_dir / name, text))
     if optimal is not None:
-        written.append(_write(results_dir / "ds_config_optimal.json", json.dumps(optimal, indent=2) + "\n"))
+        written.append(write_atomically(results_dir / "ds_config_optimal.json", json.dumps(optimal, indent=2) + "\n"))
     if optimal_command is not None:
-        written.append(_write(results_dir / "cmd_optimal.txt", optimal_command + "\n"))
+        written.append(write_atomically(results_dir / "cmd_optimal.txt", optimal_command + "\n"))
     return written
 
 
-def _write(path: Path, text: str) -> Path:
+def write_atomically(path: Path, text: str) -> Path:
+    """`text` into `path` through a partial file renamed over it, so a reader never sees half of it."""
     partial = path.with_name(path.name + ".partial")
     partial.write_text(text)
     os.replace(partial, path)

@@ -3,6 +3,7 @@ everywhere else. DSTRAIN_KERNELS=torch|triton|auto overrides (read at each call,
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import os
@@ -17,6 +18,7 @@ _CHOICES = ("auto", "torch", "triton")
 INSTALL_HINT = "pip install 'dstrain[kernels]' (or pip install triton)"
 
 
+@functools.cache  # asked on every fused op; a package search each time would cost more than the op
 def triton_available() -> bool:
     """Whether the triton package is installed (it is the `kernels` extra)."""
     return importlib.util.find_spec("triton") is not None

@@ -17,8 +17,6 @@ import triton.language as tl
 
 # The interpreter pays per program, not per element: it gets few large blocks (numpy does the rest).
 _ELEMENTWISE_BLOCK = 1 << 16 if os.environ.get("TRITON_INTERPRET", "0") == "1" else 1024
-# Rows longer than this do not fit one program's registers; the caller uses the torch path for them.
-MAX_ROW = 16384
 
 
 @triton.jit
