@@ -30,6 +30,7 @@ triton installed, or under TRITON_INTERPRET=1, `quantize` and `dequantize` run a
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 from dataclasses import dataclass
@@ -88,7 +89,7 @@ class QuantSpec:
 
     def ratio(self, numel: int, dtype: torch.dtype) -> float:
         """How many times smaller than `numel` elements of `dtype` the payload is."""
-        return numel * torch.empty(0, dtype=dtype).element_size() / self.payload_bytes(numel)
+        return numel * dtype.itemsize / self.payload_bytes(numel)
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -105,13 +106,18 @@ def _blocked(values: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
     return values.view(rows, -1, spec.block_size)
 
 
+@functools.cache  # asked on every quantized collective; a package search each time would be wasted
+def _triton_installed() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
 def backend(tensor: torch.Tensor) -> str:
     """'triton' or 'torch': which implementation quantizes `tensor` (DSZERO_QUANT_KERNELS overrides auto)."""
     choice = os.environ.get(KERNELS_ENV, "auto").strip().lower() or "auto"
     if choice not in ("auto", "torch", "triton"):
         raise ZeroConfigError(f"{KERNELS_ENV}={choice!r}: valid choices are auto, torch, triton")
     interpreted = os.environ.get("TRITON_INTERPRET", "0") == "1"
-    installed = importlib.util.find_spec("triton") is not None
+    installed = _triton_installed()
     if choice == "torch" or (choice == "auto" and not (tensor.is_cuda and installed)):
         return "torch"
     if not installed:

@@ -16,11 +16,8 @@ from torch import nn
 
 from ..checkpoint import expert_file_name
 from ..errors import MoEError
+from .apply import autoep_layers
 from .layer import AutoEPLayer
-
-
-def _layers(module: nn.Module) -> list[tuple[str, AutoEPLayer]]:
-    return [(name, m) for name, m in module.named_modules() if isinstance(m, AutoEPLayer)]
 
 
 def stacked_expert_weights(name: str, layer: AutoEPLayer) -> dict[str, torch.Tensor]:
@@ -32,13 +29,13 @@ def stacked_expert_weights(name: str, layer: AutoEPLayer) -> dict[str, torch.Ten
 
 def expert_state_names(module: nn.Module) -> set[str]:
     """State-dict names of the stacked expert weights (saved per expert instead of in the model file)."""
-    return {key for name, layer in _layers(module) for key in stacked_expert_weights(name, layer)}
+    return {key for name, layer in autoep_layers(module) for key in stacked_expert_weights(name, layer)}
 
 
 def global_expert_states(module: nn.Module) -> dict[str, dict[str, torch.Tensor]]:
     """{file name: {stacked weight's name: that expert's slice}} for every expert this rank holds."""
     files = {}
-    for layer_id, (name, layer) in enumerate(_layers(module)):
+    for layer_id, (name, layer) in enumerate(autoep_layers(module)):
         stacked = stacked_expert_weights(name, layer)
         for local, expert in enumerate(layer.local_experts.global_expert_ids()):
             files[expert_file_name(layer_id, expert)] = {key: p.detach()[local] for key, p in stacked.items()}
@@ -48,7 +45,7 @@ def global_expert_states(module: nn.Module) -> dict[str, dict[str, torch.Tensor]
 def load_global_expert_states(module: nn.Module, read: Callable[[str], dict[str, torch.Tensor]]) -> None:
     """Copy each local expert's slices from `read(file name)` (saved at any autoep_size)."""
     with torch.no_grad():
-        for layer_id, (name, layer) in enumerate(_layers(module)):
+        for layer_id, (name, layer) in enumerate(autoep_layers(module)):
             stacked = stacked_expert_weights(name, layer)
             for local, expert in enumerate(layer.local_experts.global_expert_ids()):
                 file = expert_file_name(layer_id, expert)
@@ -69,7 +66,7 @@ def full_expert_state_dict(module: nn.Module, state: dict[str, torch.Tensor] | N
     expert-parallel group to all [experts, ...]: the original model's names and shapes (collective
     over each layer's ep group)."""
     state = dict(module.state_dict() if state is None else state)
-    for name, layer in _layers(module):
+    for name, layer in autoep_layers(module):
         for key in stacked_expert_weights(name, layer):
             if key not in state:
                 continue

@@ -75,7 +75,7 @@ def grouped_mm_fits(dtype: torch.dtype, dims: Sequence[int]) -> bool:
     """torch._grouped_mm takes float32/bfloat16/float16 with every row stride a multiple of 16 bytes."""
     if dtype not in (torch.float32, torch.bfloat16, torch.float16):
         return False
-    per_16_bytes = 16 // torch.empty((), dtype=dtype).element_size()
+    per_16_bytes = 16 // dtype.itemsize
     return all(d % per_16_bytes == 0 for d in dims)
 
 

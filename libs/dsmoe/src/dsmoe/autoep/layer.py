@@ -126,9 +126,7 @@ class AutoEPLayer(nn.Module):
             rows = self._experts(rows, counts.tolist())
         else:
             rows = self._exchange_and_compute(rows, counts)
-        inverse = torch.empty_like(order)
-        inverse[order] = torch.arange(order.numel(), device=order.device)
-        per_copy = rows.index_select(0, inverse).view(tokens, top_k, -1)
+        per_copy = rows.index_select(0, _inverse(order)).view(tokens, top_k, -1)
         if self.score_apply == "pre":
             return per_copy.float().sum(dim=1).to(x.dtype)
         if self.combine_impl == "legacy_bmm":
@@ -158,6 +156,11 @@ class AutoEPLayer(nn.Module):
             received, output_size=sum(recv))
         by_expert = torch.argsort(expert_of_row, stable=True)
         computed = self._experts(arrived.index_select(0, by_expert), sizes)
-        back = torch.empty_like(by_expert)
-        back[by_expert] = torch.arange(by_expert.numel(), device=by_expert.device)
-        return all_to_all(computed.index_select(0, back), self.ep_group, send, recv)
+        return all_to_all(computed.index_select(0, _inverse(by_expert)), self.ep_group, send, recv)
+
+
+def _inverse(permutation: torch.Tensor) -> torch.Tensor:
+    """The permutation that undoes `permutation` (rows gathered by it go back to where they came from)."""
+    inverse = torch.empty_like(permutation)
+    inverse[permutation] = torch.arange(permutation.numel(), device=permutation.device)
+    return inverse
