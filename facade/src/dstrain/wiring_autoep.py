@@ -107,14 +107,18 @@ _SWAPPED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 # ------------------------------------------------------------------------------------------ weights
 def broadcast_autoep_experts(module: torch.nn.Module) -> None:
     """Every rank starts from its expert-data group's first rank's experts."""
+    for _, layer in autoep.autoep_layers(module):
+        broadcast_experts_from_first(layer.expert_data_group, layer.local_experts.parameters())
+
+
+def broadcast_experts_from_first(group: Any, params: Any) -> None:
+    """Every rank of an expert-data group takes its first rank's copy of `params` (its experts)."""
+    if group is None or dist.get_world_size(group) == 1:
+        return
+    src = dist.get_global_rank(group, 0)
     with torch.no_grad():
-        for _, layer in autoep.autoep_layers(module):
-            group = layer.expert_data_group
-            if group is None or dist.get_world_size(group) == 1:
-                continue
-            src = dist.get_global_rank(group, 0)
-            for param in layer.local_experts.parameters():
-                dscomm.broadcast(param.data, src, group=group, log_name="engine_broadcast_experts")
+        for param in params:
+            dscomm.broadcast(param.data, src, group=group, log_name="engine_broadcast_experts")
 
 
 def whole_state_dict(module: torch.nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

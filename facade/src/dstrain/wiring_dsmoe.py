@@ -38,6 +38,7 @@ from .wiring_autoep import (
     apply_autoep,
     autoep_state_names,
     broadcast_autoep_experts,
+    broadcast_experts_from_first,
     expert_file_reader,
     load_autoep_experts,
     renew_optimizer_params,
@@ -145,14 +146,8 @@ def broadcast_expert_parameters(module: torch.nn.Module) -> None:
     if not imported("dsmoe"):
         return
     broadcast_autoep_experts(module)
-    with torch.no_grad():
-        for _, layer in dsmoe.moe_layers(module):
-            group = layer.expert_data_group
-            if group is None or dist.get_world_size(group) == 1:
-                continue
-            src = dist.get_global_rank(group, 0)
-            for param in layer.deepspeed_moe.experts.parameters():
-                dscomm.broadcast(param.data, src, group=group, log_name="engine_broadcast_experts")
+    for _, layer in dsmoe.moe_layers(module):
+        broadcast_experts_from_first(layer.expert_data_group, layer.deepspeed_moe.experts.parameters())
 
 
 # ------------------------------------------------------------------------------------------ checkpoints
