@@ -9,8 +9,8 @@ from engine_models import ADAMW, config, make_model
 import dsconfig
 import dstrain
 from dscomm.testing import run_ranks
-from dstrain import feature_gate
-from dstrain.feature_gate import FEATURE_GROUP, GATED_FEATURES, check_features, provided_features
+from dstrain.wiring import feature_gate
+from dstrain.wiring.feature_gate import FEATURE_GROUP, GATED_FEATURES, check_features, provided_features
 
 EXPERTS_ON = {"train_batch_size": 4, "expert_parallel": {"enabled": True, "autoep_size": 1}}
 

@@ -13,10 +13,10 @@ from engine_models import make_model
 import dsconfig
 import dstp
 from dscomm.testing import run_ranks
+from dstrain.engine.optim_factory import build_optimizer
 from dstrain.ops import Muon
 from dstrain.ops.muon import newton_schulz_gram, newton_schulz_standard
 from dstrain.ops.muon_params import select_muon_parameters, tag_attention_heads
-from dstrain.optim_factory import build_optimizer
 
 transformers = pytest.importorskip("transformers")
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import dsconfig
+from dstrain.engine.optim_factory import build_optimizer, build_scheduler
 from dstrain.ops import Lamb, Muon
 from dstrain.ops.muon import newton_schulz_gram, newton_schulz_standard
-from dstrain.optim_factory import build_optimizer, build_scheduler
 
 
 def _opt_config(type_, **params):

@@ -9,11 +9,11 @@ import dscomm
 import dsconfig
 import dstrain
 from dscomm.testing import run_ranks
-from dstrain.layout import parallel_dims
+from dstrain.wiring.layout import parallel_dims, requested_degrees
 
 
 def _cfg(**extra):
-    return dsconfig.load({"train_batch_size": 8, **extra}, world_size=1)
+    return requested_degrees(dsconfig.load({"train_batch_size": 8, **extra}, world_size=1))
 
 
 def test_the_plain_layout_is_data_parallel_over_the_world():

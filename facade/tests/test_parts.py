@@ -8,10 +8,10 @@ from engine_models import ADAMW, TokenDataset, config, make_model
 
 import dstrain
 from dscomm.testing import run_ranks
-from dstrain.config_source import load_config
-from dstrain.engine_checkpoint import save_checkpoint
-from dstrain.parts import build_training_parts
-from dstrain.progress import TrainingProgress
+from dstrain.checkpoint.engine_checkpoint import save_checkpoint
+from dstrain.engine.parts import build_training_parts
+from dstrain.engine.progress import TrainingProgress
+from dstrain.wiring.config_source import load_config
 
 
 def test_progress_counts_boundaries_samples_and_micro_steps():

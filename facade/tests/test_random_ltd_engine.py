@@ -14,8 +14,8 @@ import dsconfig
 import dsdata
 import dstrain
 from dscomm.testing import run_ranks
-from dstrain.compose import Composed
-from dstrain.wiring_dsdata import apply_random_ltd
+from dstrain.wiring.compose import Composed
+from dstrain.wiring.dsdata import apply_random_ltd
 
 ROUTING = {"enabled": True, "data_routing": {"enabled": True, "random_ltd": LTD}}
 

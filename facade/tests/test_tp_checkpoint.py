@@ -99,7 +99,7 @@ def test_save_16bit_model_writes_the_whole_model_for_the_hf_class(tmp_path):
 
 @pytest.mark.parametrize("crafted", [0, -1, True, "2", 10**9, None])
 def test_a_crafted_tp_size_in_the_common_file_is_refused_by_name(crafted):
-    from dstrain.tp_checkpoint import saved_tp_size
+    from dstrain.checkpoint.tp_checkpoint import saved_tp_size
 
     with pytest.raises(dstrain.CheckpointLoadError, match="tp_size"):
         saved_tp_size({"tp_size": crafted})

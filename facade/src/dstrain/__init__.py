@@ -10,44 +10,56 @@
 
 Names load on first use, so the `dstrain` launcher and `dstrain-report` start without importing
 torch or the engine.
+
+Where things live: `engine/` (the engines and the parts they train with), `wiring/` (config to wired
+objects: layout, feature gate, one module per library, compose), `checkpoint/` (what checkpoints
+write and read), `compat/` (DeepSpeed's module paths: `dstrain.zero`, `dstrain.comm`, `dstrain.pipe`,
+`dstrain.moe`, `dstrain.runtime`, `dstrain.utils`, ... are its modules, by the table in
+compat/alias.py), `launcher/`, `autotuning/`, `ops/` (optimizers and kernels), `accelerator/`.
 """
 
 import importlib
+import sys
 
 from ._version import __version__
+from .compat.alias import public_paths_finder
+
+if not any(getattr(finder, "root", None) == "dstrain" for finder in sys.meta_path):
+    # First, so `dstrain.moe.layer` is compat's module, never a second copy found by path under dstrain.moe.
+    sys.meta_path.insert(0, public_paths_finder())
 
 _LAZY = {  # public name -> (module, attribute); attribute None means the module itself
     "initialize": ("initialize", "initialize"),
-    "tp_model_init": ("wiring_dstp", "tp_model_init"),
+    "tp_model_init": ("wiring.dstp", "tp_model_init"),
     "add_config_arguments": ("arguments", "add_config_arguments"),
-    "init_distributed": ("comm", "init_distributed"),
-    "DeepSpeedEngine": ("engine", "DeepSpeedEngine"),
-    "PipelineEngine": ("pipe_engine", "PipelineEngine"),
-    "PipelineModule": ("pipe", "PipelineModule"),
-    "pipe": ("pipe", None),
-    "DeepSpeedDataLoader": ("dataloader", "DeepSpeedDataLoader"),
-    "RepeatingLoader": ("dataloader", "RepeatingLoader"),
+    "init_distributed": ("compat.comm", "init_distributed"),
+    "DeepSpeedEngine": ("engine.deepspeed_engine", "DeepSpeedEngine"),
+    "PipelineEngine": ("engine.pipeline_engine", "PipelineEngine"),
+    "PipelineModule": ("compat.pipe", "PipelineModule"),
+    "pipe": ("compat.pipe", None),
+    "DeepSpeedDataLoader": ("engine.dataloader", "DeepSpeedDataLoader"),
+    "RepeatingLoader": ("engine.dataloader", "RepeatingLoader"),
     "CheckpointLoadError": ("errors", "CheckpointLoadError"),
     "ConfigError": ("errors", "ConfigError"),
     "DeepSpeedConfigError": ("errors", "ConfigError"),
     "DstrainError": ("errors", "DstrainError"),
     "UnsupportedFeatureError": ("errors", "UnsupportedFeatureError"),
-    "checkpointing": ("checkpointing", None),
-    "comm": ("comm", None),
-    "zero": ("zero", None),
-    "moe": ("moe", None),
+    "checkpointing": ("compat.checkpointing", None),
+    "comm": ("compat.comm", None),
+    "zero": ("compat.zero", None),
+    "moe": ("compat.moe", None),
     "ops": ("ops", None),
-    "lr_schedules": ("lr_schedules", None),
+    "lr_schedules": ("engine.lr_schedules", None),
     "accelerator": ("accelerator", None),
-    "utils": ("utils", None),
-    "runtime": ("runtime", None),
-    "DeepSpeedConfig": ("runtime.config", "DeepSpeedConfig"),
-    "log_dist": ("utils", "log_dist"),
+    "utils": ("compat.utils", None),
+    "runtime": ("compat.runtime", None),
+    "DeepSpeedConfig": ("compat.runtime.config", "DeepSpeedConfig"),
+    "log_dist": ("compat.utils", "log_dist"),
     "DeepSpeedTransformerLayer": ("ops.transformer", "DeepSpeedTransformerLayer"),
     "DeepSpeedTransformerConfig": ("ops.transformer", "DeepSpeedTransformerConfig"),
-    "convert_to_random_ltd": ("wiring_dsdata", "convert_to_random_ltd"),
-    "remove_random_ltd_state_dict": ("wiring_dsdata", "remove_random_ltd_state_dict"),
-    "save_without_random_ltd": ("wiring_dsdata", "save_without_random_ltd"),
+    "convert_to_random_ltd": ("wiring.dsdata", "convert_to_random_ltd"),
+    "remove_random_ltd_state_dict": ("wiring.dsdata", "remove_random_ltd_state_dict"),
+    "save_without_random_ltd": ("wiring.dsdata", "save_without_random_ltd"),
 }
 
 

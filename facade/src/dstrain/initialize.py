@@ -9,17 +9,17 @@ import torch
 import dscomm
 from dsconfig import ConfigError, Problem
 
-from .compose import compose
-from .config_source import load_config, pick_source
-from .engine import DeepSpeedEngine
+from .engine.deepspeed_engine import DeepSpeedEngine
 from .errors import DstrainError
-from .feature_gate import check_features
-from .layout import data_parallel_size, parallel_dims, requested_degrees
-from .wiring_dspipe import is_pipeline_module, pipeline_degree
-from .wiring_dstp import check_mpu, mpu_tensor_size
+from .wiring.compose import compose
+from .wiring.config_source import load_config, pick_source
+from .wiring.dspipe import is_pipeline_module, pipeline_degree
+from .wiring.dstp import check_mpu, mpu_tensor_size
+from .wiring.feature_gate import check_features
+from .wiring.layout import data_parallel_size, parallel_dims, requested_degrees
 
 if TYPE_CHECKING:
-    from .pipe_engine import PipelineEngine
+    from .engine.pipeline_engine import PipelineEngine
 
 
 def initialize(args: Any = None, model: torch.nn.Module | None = None, optimizer: Any = None,
@@ -50,9 +50,8 @@ def initialize(args: Any = None, model: torch.nn.Module | None = None, optimizer
         degrees["tensor_parallel.autotp_size"] = mpu_tensor_size(mpu, degrees.get("tensor_parallel.autotp_size", 1))
     cfg, raw = load_config(source, data_parallel_size(degrees, world), strict=strict_config)
     check_features(cfg, raw)
-    tensor = degrees["tensor_parallel.autotp_size"] if mpu is not None else None
-    pipe = degrees["pipeline.stages"] if is_pipeline_module(model) else None
-    groups = parallel_dims(cfg, world, tensor=tensor, pipe=pipe).build()  # collective: every rank creates every group
+    # The degrees read above (the config's, a PipelineModule's stages, an mpu's size) lay out the run.
+    groups = parallel_dims(degrees, world, engine_runs_pipe=is_pipeline_module(model)).build()  # collective
     if mpu is not None:
         check_mpu(mpu, groups)
     dscomm.groups.use(groups)
@@ -70,7 +69,9 @@ def initialize(args: Any = None, model: torch.nn.Module | None = None, optimizer
 
 
 def _pipeline_engine() -> type[PipelineEngine]:
-    from .pipe_engine import PipelineEngine  # dspipe is optional: imported only for a PipelineModule
+    from .engine.pipeline_engine import (
+        PipelineEngine,  # dspipe is optional: imported only for a PipelineModule
+    )
 
     return PipelineEngine
 

@@ -64,8 +64,8 @@ def optimal_config(raw: Mapping[str, Any], point: Point) -> dict:
 
 def config_problems(cfg: Mapping[str, Any], data_parallel: int) -> list[Problem]:
     """What initialize() would refuse in `cfg` at `data_parallel` ranks (none: it loads)."""
-    from ..config_source import load_config
-    from ..feature_gate import check_features
+    from ..wiring.config_source import load_config
+    from ..wiring.feature_gate import check_features
 
     try:
         with warnings.catch_warnings():

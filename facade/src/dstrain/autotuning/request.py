@@ -54,8 +54,8 @@ def read_settings(raw: Mapping[str, Any]) -> AutotuningConfig:
 def data_parallel_size(raw: Mapping[str, Any], world_size: int, mp_size: int) -> int:
     """The world over the config's tensor/pipeline degrees, or over autotuning.mp_size for a script that
     brings its own model parallelism."""
-    from ..layout import data_parallel_size as layout_dp
-    from ..layout import requested_degrees
+    from ..wiring.layout import data_parallel_size as layout_dp
+    from ..wiring.layout import requested_degrees
 
     dp = layout_dp(requested_degrees(dict(raw)), world_size)
     if dp == world_size and mp_size > 1:

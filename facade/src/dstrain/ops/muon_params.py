@@ -43,7 +43,7 @@ import torch
 
 import dscomm
 
-from ..optional_libs import require
+from ..wiring.optional_libs import require
 
 QUERY = ("q_proj", "query", "wq")
 KEY_VALUE = ("k_proj", "v_proj", "key", "value", "wk", "wv")

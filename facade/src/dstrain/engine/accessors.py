@@ -1,0 +1,126 @@
+"""What both engines answer the same way, read from their parts: DeepSpeed's accessors
+(`train_batch_size()`, `get_lr()`, `loss_scale`, ...), the replaceable parts (`optimizer`,
+`lr_scheduler`, `training_dataloader`), the step counters, `deepspeed_io` and `destroy`.
+
+`DeepSpeedEngine` and `PipelineEngine` each mix this in beside torch.nn.Module and drive their own
+loop; neither subclasses the other. `adopt_parts` is the part of their `__init__` they share."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+import dscomm
+from dsconfig import DeepSpeedConfig
+
+from ..errors import DstrainError
+from .dataloader import DeepSpeedDataLoader
+from .parts import TrainingParts
+from .step_reporting import learning_rates, momenta
+
+
+def _part(name: str, doc: str) -> property:
+    # Readable and writable, as on DeepSpeed's engine; the parts hold the value so checkpoints see a replacement.
+    return property(lambda self: getattr(self._parts, name), lambda self, value: setattr(self._parts, name, value),
+                    doc=doc)
+
+
+def _counter(name: str, doc: str) -> property:
+    return property(lambda self: getattr(self._progress, name),
+                    lambda self, value: setattr(self._progress, name, int(value)), doc=doc)
+
+
+class EngineAccessors:
+    """Accessors over `self._parts` (a TrainingParts) and `self._config` (the typed config)."""
+
+    _parts: TrainingParts
+    _config: DeepSpeedConfig
+
+    optimizer = _part("optimizer", "The ZeRO optimizer wrapping the basic one (None without an optimizer).")
+    basic_optimizer = _part("basic_optimizer", "The torch optimizer whose parameter groups hold lr and betas.")
+    lr_scheduler = _part("lr_scheduler", "The learning-rate scheduler, stepped at each applied optimizer step.")
+    training_dataloader = _part("training_dataloader", "The loader over initialize(training_data=...), or None.")
+    global_steps = _counter("global_steps", "Optimizer steps taken (applied or skipped for an fp16 overflow).")
+    global_samples = _counter("global_samples", "Samples consumed by those steps, over all data-parallel ranks.")
+    micro_steps = _counter("micro_steps", "Micro-batches trained (engine.step() calls, boundary or not).")
+
+    def adopt_parts(self, parts: TrainingParts, config: DeepSpeedConfig, model: torch.nn.Module) -> None:
+        """The attributes DeepSpeed's engines expose, from the parts (call after nn.Module.__init__)."""
+        self._parts = parts
+        self._progress = parts.progress
+        self._config = config
+        self.config = config.to_dict()  # the resolved config as JSON data, as DeepSpeed's engine.config
+        self.module = model
+        self.global_rank = parts.global_rank
+        self.world_size = dscomm.get_world_size()
+        self.local_rank = dscomm.get_local_rank()
+        self.dp_world_size = parts.dp_world_size
+        self.device = parts.device
+        self.precision = parts.precision
+        self.reporter = parts.reporter
+
+    def deepspeed_io(self, dataset: Any, batch_size: int | None = None, route: str = "train", collate_fn: Any = None,
+                     num_workers: int = 0, data_sampler: Any = None) -> DeepSpeedDataLoader:
+        """A distributed loader over `dataset` (DeepSpeed's name), e.g. for evaluation data."""
+        return DeepSpeedDataLoader(dataset, batch_size or self.train_micro_batch_size_per_gpu(),
+                                   rank=self._parts.dp_rank, world_size=self.dp_world_size, collate_fn=collate_fn,
+                                   num_workers=num_workers, data_sampler=data_sampler, shuffle=route == "train",
+                                   drop_last=self._config.dataloader_drop_last)
+
+    def _require_optimizer(self, what: str) -> None:
+        if self.optimizer is None:
+            raise DstrainError(f"engine.{what}() needs an optimizer: add an \"optimizer\" section to the config or "
+                               f"pass optimizer= to initialize()")
+
+    def train_batch_size(self) -> int:
+        return self._config.train_batch_size
+
+    def train_micro_batch_size_per_gpu(self) -> int:
+        return self._config.train_micro_batch_size_per_gpu
+
+    def gradient_accumulation_steps(self) -> int:
+        return self._config.gradient_accumulation_steps
+
+    def was_step_applied(self) -> bool:
+        """False when the last boundary step was skipped for an fp16 overflow (or no boundary was reached)."""
+        return self._progress.last_step_applied
+
+    def zero_optimization_stage(self) -> int:
+        return self._config.zero_optimization.stage
+
+    def zero_optimization(self) -> bool:
+        return self._config.zero_optimization.stage > 0
+
+    def fp16_enabled(self) -> bool:
+        return self.precision.fp16
+
+    def bfloat16_enabled(self) -> bool:
+        return self.precision.bf16
+
+    def gradient_clipping(self) -> float:
+        return self.optimizer.gradient_clipping if self.optimizer is not None else 0.0
+
+    def steps_per_print(self) -> int:
+        return self._config.steps_per_print
+
+    @property
+    def loss_scale(self) -> float:
+        return self.optimizer.loss_scale if self.optimizer is not None else 1.0
+
+    @property
+    def skipped_steps(self) -> int:
+        return self.optimizer.skipped_steps if self.optimizer is not None else 0
+
+    def get_lr(self) -> list[float]:
+        return learning_rates(self.basic_optimizer)
+
+    def get_mom(self) -> list[Any]:
+        return momenta(self.basic_optimizer)
+
+    def get_global_grad_norm(self) -> float | None:
+        return self.optimizer.get_global_grad_norm() if self.optimizer is not None else None
+
+    def destroy(self) -> None:
+        """Close the monitors and give the garbage collector back."""
+        self._parts.close()

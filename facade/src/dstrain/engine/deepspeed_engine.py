@@ -1,0 +1,244 @@
+"""`DeepSpeedEngine`: the module, its ZeRO optimizer, scheduler, loader and reporting behind one
+forward / backward / step loop, as DeepSpeed's engine presents them. The engine drives the loop; its
+parts (`parts.build_training_parts`) are built, saved and reported on without it."""
+
+from __future__ import annotations
+
+import gc
+from typing import Any
+
+import torch
+
+from dsconfig import DeepSpeedConfig
+
+from ..errors import DstrainError
+from ..logs import log_on_rank0
+from .accessors import EngineAccessors
+from .parts import build_training_parts
+
+
+class DeepSpeedEngine(EngineAccessors, torch.nn.Module):
+    """Built by `dstrain.initialize()`; `engine(*inputs)`, `engine.backward(loss)`, `engine.step()`."""
+
+    def __init__(self, *, model: torch.nn.Module, config: DeepSpeedConfig, optimizer: Any = None,
+                 model_parameters: Any = None, training_data: Any = None, lr_scheduler: Any = None,
+                 collate_fn: Any = None, data_parallel_group: Any = None, groups: Any = None,
+                 step_hooks: list | None = None):
+        super().__init__()
+        parts = build_training_parts(model, config, optimizer=optimizer, model_parameters=model_parameters,
+                                     training_data=training_data, lr_scheduler=lr_scheduler, collate_fn=collate_fn,
+                                     data_parallel_group=data_parallel_group, groups=groups, step_hooks=step_hooks)
+        self.adopt_parts(parts, config, model)
+        self.data_parallel_group = data_parallel_group
+        self._engine_backward_active = False
+        self._compiled = False
+        if config.dump_state:
+            log_on_rank0(self.global_rank, self._state_text())
+        # What trains, not what the config named: a client's optimizer or scheduler wins over the config's.
+        named = {f"optimizer {config.optimizer.type}" if config.optimizer else None,
+                 f"scheduler {config.scheduler.type}" if config.scheduler else None}
+        features = [f for f in config.enabled_features() if f not in named]
+        features += [f"{kind} {type(obj).__name__}" for kind, obj in
+                     (("optimizer", parts.basic_optimizer), ("scheduler", parts.lr_scheduler)) if obj is not None]
+        features = ", ".join(features) or "plain data parallelism"
+        log_on_rank0(self.global_rank, f"engine ready: {self.dp_world_size} data-parallel rank(s), {features}; "
+                                       f"batch {self.train_batch_size()} = micro {self.train_micro_batch_size_per_gpu()}"
+                                       f" x accumulation {self.gradient_accumulation_steps()} x ranks "
+                                       f"{self.dp_world_size}")
+
+    # ------------------------------------------------------------------ the loop
+    def forward(self, *inputs: Any, **kwargs: Any) -> Any:
+        self.reporter.before_forward()
+        timer = self.reporter.timer("fwd")
+        timer.start()
+        inputs = self.precision.cast_inputs(inputs)
+        kwargs = self.precision.cast_inputs(kwargs)
+        with self.precision.forward_context():
+            output = self.module(*inputs, **kwargs)
+        timer.stop()
+        if self.module.training and torch.is_grad_enabled() and self.optimizer is not None:
+            _hook_outputs(output, self._scale_plain_backward)
+        return output
+
+    def _loss_factor(self) -> float:
+        """What a loss is multiplied by before backward: 1 / accumulation steps (managed) times the fp16 scale."""
+        factor = self.optimizer.backward_scale if self.optimizer is not None else 1.0
+        if self._config.managed_gradient_accumulation:
+            factor /= self.gradient_accumulation_steps()
+        return factor
+
+    def _scale_plain_backward(self, grad: torch.Tensor) -> torch.Tensor | None:
+        # A plain loss.backward() skips engine.backward's scaling: apply it to what flows into the outputs.
+        if self._engine_backward_active:
+            return None
+        factor = self._loss_factor()
+        return grad * factor if factor != 1.0 else None
+
+    def backward(self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True) -> torch.Tensor:
+        """loss.backward() with gradient-accumulation averaging and the fp16 loss scale; returns the loss."""
+        self._require_optimizer("backward")
+        if not torch.is_tensor(loss) or loss.numel() != 1:
+            raise DstrainError(f"engine.backward(loss) needs a one-element loss tensor, got "
+                               f"{tuple(loss.shape) if torch.is_tensor(loss) else type(loss).__name__}")
+        self.reporter.record_loss(loss)
+        timer = self.reporter.timer("bwd")
+        timer.start()
+        factor = self._loss_factor() if scale_wrt_gas else self.optimizer.backward_scale
+        self._engine_backward_active = True
+        try:
+            (loss * factor if factor != 1.0 else loss).backward(retain_graph=retain_graph)
+        finally:
+            self._engine_backward_active = False
+        self._progress.record_backward()
+        timer.stop()
+        return loss
+
+    def is_gradient_accumulation_boundary(self) -> bool:
+        """Whether the next step() updates the weights."""
+        managed = self._config.managed_gradient_accumulation
+        return self._progress.is_boundary(self.gradient_accumulation_steps() if managed else None)
+
+    def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
+        """Override the boundary (e.g. at the end of an epoch); None returns to counting micro-steps."""
+        self._progress.boundary_override = is_boundary
+
+    def step(self, lr_kwargs: dict | None = None) -> None:
+        """Count the micro-batch; at the accumulation boundary, update the weights and the scheduler."""
+        self._require_optimizer("step")
+        progress, optimizer = self._progress, self.optimizer
+        boundary = self.is_gradient_accumulation_boundary()
+        timer = self.reporter.timer("step")
+        timer.start()
+        progress.last_step_applied = False
+        if boundary:
+            progress.last_step_applied = optimizer.step()
+            if progress.last_step_applied and self.lr_scheduler is not None:
+                self.lr_scheduler.step(**(lr_kwargs or {}))
+        timer.stop()
+        if not boundary:
+            progress.count_step(False, 0)
+            return
+        if self._config.managed_gradient_accumulation:
+            samples = self.train_batch_size()
+        else:
+            samples = progress.micro_batches_in_step() * self.train_micro_batch_size_per_gpu() * self.dp_world_size
+        progress.count_step(True, samples)
+        self.reporter.after_step(optimizer, self.basic_optimizer)
+
+    def zero_grad(self) -> None:
+        """Drop the accumulated gradients (step() already does this at each boundary)."""
+        if self.optimizer is not None:
+            self.optimizer.zero_grad()
+
+    # ------------------------------------------------------------------ accessors (the rest: accessors.py)
+    def get_type(self) -> type:
+        return type(self.module)
+
+    def compile(self, backend: str = "inductor", compile_kwargs: dict | None = None) -> None:
+        """torch.compile the wrapped module in place (DeepSpeed's engine.compile); hooks stay attached."""
+        self.module.compile(backend=backend, **(compile_kwargs or {}))
+        self._compiled = True
+
+    @property
+    def is_compiled(self) -> bool:
+        return self._compiled
+
+    def collect_python_gc(self) -> int:
+        """Run the cyclic garbage collector by hand (with disable_python_gc it never runs on its own)."""
+        return gc.collect()
+
+    def __getattr__(self, name: str) -> Any:
+        # As DeepSpeed's engine: attributes it lacks are looked up on the wrapped module.
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            module = self._modules.get("module")
+            if module is not None and hasattr(module, name):
+                return getattr(module, name)
+            raise
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest: bool = True,
+                        exclude_frozen_parameters: bool = False) -> bool:
+        """Save the training state under `save_dir/<tag>` (collective); exclude_frozen_parameters leaves
+        the parameters with requires_grad False out of the module file."""
+        from ..checkpoint.engine_checkpoint import save_checkpoint
+
+        self._require_optimizer("save_checkpoint")
+        return save_checkpoint(self._parts, save_dir, tag, client_state or {}, save_latest,
+                               exclude_frozen_parameters=exclude_frozen_parameters)
+
+    def load_checkpoint(self, load_dir, tag=None, load_module_strict: bool = True, load_optimizer_states: bool = True,
+                        load_lr_scheduler_states: bool = True, load_module_only: bool = False,
+                        custom_load_fn=None) -> tuple[str | None, Any]:
+        """Load a checkpoint (collective): (its path, the client state), or (None, None) when there is none.
+        custom_load_fn(src=<saved module state>, dst=<module>) replaces the module's own loading."""
+        from ..checkpoint.engine_checkpoint import load_checkpoint
+
+        return load_checkpoint(self._parts, load_dir, tag, load_module_strict=load_module_strict,
+                               load_optimizer_states=load_optimizer_states,
+                               load_lr_scheduler_states=load_lr_scheduler_states, load_module_only=load_module_only,
+                               custom_load_fn=custom_load_fn)
+
+    def save_16bit_model(self, save_dir, save_filename: str = "pytorch_model.bin",
+                         exclude_frozen_parameters: bool = False) -> bool:
+        """The module's weights in its training dtype as one file, written by the first data-parallel rank."""
+        from ..checkpoint.engine_checkpoint import save_16bit_model
+
+        return save_16bit_model(self._parts, save_dir, save_filename,
+                                exclude_frozen_parameters=exclude_frozen_parameters)
+
+    # ------------------------------------------------------------------ data efficiency (dsdata)
+    def set_data_post_process_func(self, post_process_func) -> None:
+        """fn(batch, sampler_state) -> batch, applied to each batch of the curriculum loader (e.g. dsdata's
+        seqlen_post_process cuts the sequences to the current difficulty)."""
+        from ..wiring.dsdata import set_data_post_process_func
+
+        set_data_post_process_func(self._parts, post_process_func)
+
+    def set_custom_curriculum_learning_schedule(self, schedule_func_dict: dict) -> None:
+        """{metric: fn(global_step) -> difficulty} for the curriculum metrics whose schedule_type is custom."""
+        from ..wiring.dsdata import set_custom_curriculum_learning_schedule
+
+        set_custom_curriculum_learning_schedule(self._parts, schedule_func_dict)
+
+    @property
+    def random_ltd_scheduler(self) -> Any:
+        """The run's random-LTD schedule and token counts (dsdata.RandomLTDScheduler), None when it is off."""
+        from ..wiring.dsdata import random_ltd_scheduler
+
+        return random_ltd_scheduler(self._parts)
+
+    def random_ltd_initialize(self) -> None:
+        """Give the module's random-LTD layers the config's schedule (dstrain.convert_to_random_ltd calls it)."""
+        from ..wiring.dsdata import random_ltd_initialize
+
+        random_ltd_initialize(self._parts, self.module)
+
+    # ------------------------------------------------------------------ the rest
+    def _state_text(self) -> str:
+        import json
+
+        return "engine config:\n" + json.dumps(self.config, indent=2, sort_keys=True, default=str)
+
+    def offload_states(self, include: Any = None, device: str = "cpu", pin_memory: bool = True,
+                       non_blocking: bool = False) -> None:
+        """Move optimizer states and master weights to host memory until reload_states() (DeepSpeed's API)."""
+        self._require_optimizer("offload_states")
+        self.optimizer.offload_states(include, str(getattr(device, "value", device)), pin_memory, non_blocking)
+
+    def reload_states(self, non_blocking: bool = False) -> None:
+        self._require_optimizer("reload_states")
+        self.optimizer.reload_states(non_blocking)
+
+
+def _hook_outputs(output: Any, hook) -> None:
+    if torch.is_tensor(output):
+        if output.requires_grad:
+            output.register_hook(hook)
+    elif isinstance(output, (list, tuple)):
+        for item in output:
+            _hook_outputs(item, hook)
+    elif isinstance(output, dict):
+        for item in output.values():
+            _hook_outputs(item, hook)

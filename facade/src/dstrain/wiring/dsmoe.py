@@ -1,0 +1,187 @@
+"""Step 2 of compose(): Mixture-of-Experts layers (dsmoe) get their expert groups, and ZeRO reduces
+expert parameters over them.
+
+As DeepSpeed's engine does, initialize() finds the MoE layers in the model, builds the expert groups
+of each layer's ep_size from the run's layout (consecutive data-parallel ranks split the experts;
+the ranks at the same place in every expert group hold the same experts) and hands each layer its
+groups. The optimizer's parameters become DeepSpeed's MoE parameter groups (tagged "moe", named
+"ep_size_<n>"), and just before ZeRO wraps the optimizer each tagged group gets dszero's keys:
+"process_group" (its expert-data-parallel group: partition and reduce it there) and
+"gradient_average_over" (the data-parallel size: an expert's summed gradient is divided by every
+data rank, so its scale is the same at every ep_size, as DeepSpeed divides it).
+
+Expert parameters are named by global expert id (dsmoe.experts), so ZeRO's shards, the module file
+and the per-expert files (`layer_{L}_expert_{E}_mp_rank_00_model_states.safetensors`) reload at
+another ep_size. ZeRO stage 3 with MoE layers is refused by key: its units are partitioned over the
+data-parallel group, and an expert lives on fewer ranks than that (DeepSpeed refuses it too).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+import dsaio
+import dscomm
+from dscomm.tags import EXPERT_GROUP_NAME_KEY
+from dsconfig import DeepSpeedConfig, Problem
+
+from ..errors import CheckpointLoadError, DstrainError, UnsupportedFeatureError
+from .autoep import (
+    EXPERT_FILE_SUFFIX,
+    apply_autoep,
+    autoep_state_names,
+    broadcast_autoep_experts,
+    broadcast_experts_from_first,
+    expert_file_reader,
+    load_autoep_experts,
+    renew_optimizer_params,
+    save_autoep_experts,
+)
+from .optional_libs import LazyLibrary, imported
+
+_GROUP_NAME = re.compile(r"ep_size_(\d+)")
+
+# dsmoe is optional: a model holds MoE or AutoEP layers only once dsmoe is imported, so each step below
+# is a no-op while it is not (and the gate refuses expert_parallel.enabled without dsmoe installed).
+dsmoe = LazyLibrary("dsmoe", "MoE layers")
+autoep = LazyLibrary("dsmoe.autoep", "AutoEP (expert_parallel.enabled)")
+
+
+def apply_experts(composed: Any, config: DeepSpeedConfig, groups: Any) -> Any:
+    """Give every MoE layer of composed.model its expert groups and split the optimizer's parameters
+    into DeepSpeed's MoE groups (no-op without MoE layers). AutoEP (expert_parallel.enabled) swaps
+    Hugging Face MoE blocks first (wiring/autoep.py)."""
+    composed = apply_autoep(composed, config, groups, expert_groups)
+    if not imported("dsmoe"):
+        return composed
+    layers = dsmoe.moe_layers(composed.model)
+    if not layers:
+        return composed
+    if config.zero_optimization.stage == 3:
+        names = ", ".join(repr(name) for name, _ in layers[:3])
+        raise UnsupportedFeatureError([Problem(
+            "zero_optimization.stage", f"stage 3 partitions every parameter over the data-parallel group, but the "
+                                       f"model's MoE layers ({names}{', ...' if len(layers) > 3 else ''}) hold experts "
+                                       f"on fewer ranks than that (their expert-data-parallel group); use stage 1 or "
+                                       f"2, which partition experts over their own group (DeepSpeed refuses MoE at "
+                                       f"stage 3 too)", 3)])
+    data = groups.size("data") if groups is not None else dscomm.groups.get_data_parallel_world_size()
+    for name, layer in layers:  # module order: every rank creates the same groups in the same order
+        dsmoe.check_expert_parallel_size(layer.ep_size, data, layer.num_experts, where=f"MoE layer {name!r}")
+        layer.set_expert_groups(*expert_groups(groups, layer.ep_size))
+    parameters = composed.model_parameters
+    if parameters is None:
+        parameters = composed.model.parameters()
+    split = [group for group in dsmoe.configure_moe_param_groups(parameters) if group["params"]]
+    return dataclasses.replace(composed, model_parameters=split)
+
+
+def expert_groups(groups: Any, ep_size: int) -> tuple[Any, Any]:
+    """(expert-parallel group, expert-data-parallel group) of `ep_size` in the run's layout."""
+    if groups is not None and groups.dims.expert == ep_size:
+        return groups.expert, groups.expert_data
+    return (dscomm.groups.get_expert_parallel_group(ep_size), dscomm.groups.get_expert_data_parallel_group(ep_size))
+
+
+# ------------------------------------------------------------------------------------------ ZeRO keys
+def expert_param_group_keys(optimizer: Any, module: torch.nn.Module, groups: Any) -> None:
+    """Before ZeRO wraps `optimizer`: its MoE groups get dszero's "process_group" and
+    "gradient_average_over". A client optimizer built from plain parameters has its groups split
+    first, as DeepSpeed's engine splits the parameters it builds an optimizer from."""
+    if optimizer is None or not _has_experts(module):
+        return
+    renew_optimizer_params(optimizer, module)  # a client optimizer: AutoEP's slices for the whole experts
+    param_groups = optimizer.param_groups
+    if not any(dsmoe.is_moe_param_group(group) for group in param_groups):
+        if optimizer.state:
+            raise DstrainError("the optimizer has stepped already; initialize() must split its MoE parameters into "
+                               "groups of their own before its first step")
+        split = dsmoe.split_params_into_different_moe_groups_for_optimizer([dict(group) for group in param_groups])
+        param_groups[:] = [group for group in split if group["params"]]
+    data = groups.size("data") if groups is not None else dscomm.groups.get_data_parallel_world_size()
+    for index, group in enumerate(param_groups):
+        experts = [p for p in group["params"] if dsmoe.is_moe_param(p)]
+        if not dsmoe.is_moe_param_group(group):
+            if experts:
+                raise DstrainError(f"optimizer param group {index} mixes {len(experts)} expert parameter(s) with dense "
+                                   f"ones; build the optimizer from dstrain.moe.utils."
+                                   f"split_params_into_different_moe_groups_for_optimizer(...)")
+            continue
+        if len(experts) != len(group["params"]):
+            raise DstrainError(f"optimizer param group {index} is tagged moe but holds {len(group['params']) - len(experts)}"
+                               f" non-expert parameter(s); only expert parameters belong in it")
+        ep_size = _ep_size_of(group, index)
+        group.setdefault("process_group", expert_groups(groups, ep_size)[1])
+        group.setdefault("gradient_average_over", data)
+
+
+def _has_experts(module: torch.nn.Module) -> bool:
+    return imported("dsmoe") and (bool(dsmoe.moe_layers(module)) or bool(autoep.autoep_layers(module)))
+
+
+def _ep_size_of(group: dict[str, Any], index: int) -> int:
+    name = str(group.get(EXPERT_GROUP_NAME_KEY, ""))
+    match = _GROUP_NAME.fullmatch(name)
+    if match is None:
+        raise DstrainError(f"optimizer param group {index} is tagged moe but its name is {name!r}; an expert group is "
+                           f"named ep_size_<n> after its expert-parallel size (split_params_into_different_moe_groups_"
+                           f"for_optimizer names them)")
+    return int(match.group(1))
+
+
+# ------------------------------------------------------------------------------------------ weights
+def is_expert_tensor(tensor: torch.Tensor) -> bool:
+    return imported("dsmoe") and dsmoe.is_moe_param(tensor)
+
+
+def broadcast_expert_parameters(module: torch.nn.Module) -> None:
+    """Every rank starts from its expert-data-parallel group's first rank's experts (the dense
+    weights come from the data-parallel group's first rank; experts differ across expert ranks)."""
+    if not imported("dsmoe"):
+        return
+    broadcast_autoep_experts(module)
+    for _, layer in dsmoe.moe_layers(module):
+        broadcast_experts_from_first(layer.expert_data_group, layer.deepspeed_moe.experts.parameters())
+
+
+# ------------------------------------------------------------------------------------------ checkpoints
+def expert_state_names(module: torch.nn.Module) -> set[str]:
+    """State-dict names the per-expert files hold (left out of the module file)."""
+    if not imported("dsmoe"):
+        return set()
+    names = dsmoe.checkpoint.expert_state_names(module) if dsmoe.moe_layers(module) else set()
+    return names | autoep_state_names(module)
+
+
+def save_expert_states(module: torch.nn.Module, directory: Path) -> None:
+    """Each expert's weights into its own file, written by the first rank of its expert-data group."""
+    if not imported("dsmoe"):
+        return
+    save_autoep_experts(module, directory)
+    files = dsmoe.checkpoint.expert_writers(module, _writes_experts)
+    for name, state in files.items():
+        dsaio.save_state_dict({k: v.contiguous() for k, v in state.items()}, directory / (name + EXPERT_FILE_SUFFIX))
+
+
+def _writes_experts(layer: Any) -> bool:
+    group = layer.expert_data_group
+    return group is None or dist.get_rank(group) == 0
+
+
+def load_expert_states(module: torch.nn.Module, directory: Path, strict: bool = True) -> None:
+    """The experts this rank holds, from their files (saved at any ep_size)."""
+    if not imported("dsmoe"):
+        return
+    load_autoep_experts(module, directory)
+    if not dsmoe.moe_layers(module):
+        return
+    try:
+        dsmoe.load_local_experts(module, expert_file_reader(directory), strict=strict)
+    except dsmoe.MoEError as exc:
+        raise CheckpointLoadError(f"{directory}: {exc}") from None
