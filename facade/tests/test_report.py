@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from importlib import metadata
+from pathlib import Path
 
 import torch
 
@@ -19,6 +21,14 @@ def run_report(*args: str, pythonpath: str | None = None) -> subprocess.Complete
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [pythonpath, env.get("PYTHONPATH")]))
     return subprocess.run([sys.executable, "-m", "dstrain.report", *args], env=env, capture_output=True,
                           text=True, timeout=120)
+
+
+def test_every_library_of_the_layering_is_reported():
+    noxfile = (Path(__file__).resolve().parents[2] / "noxfile.py").read_text()
+    block = noxfile.split("LAYERS: dict[str, set[str]] = {", 1)[1].split("\n}\n", 1)[0]
+    layers = re.findall(r'^\s+"(\w+)":', block, re.MULTILINE)
+    assert "dstrain" in layers and "dstp" in layers
+    assert set(LIBRARIES + OPTIONAL_LIBRARIES) == set(layers), "dstrain-report misses a library of noxfile.LAYERS"
 
 
 def test_json_fields():

@@ -14,13 +14,27 @@ import importlib
 import json
 import os
 import platform
+import re
 import sys
 from collections.abc import Callable
 from importlib import metadata
 from typing import Any
 
 LIBRARIES = ("dsconfig", "dscomm", "dsaio", "dsmonitor", "dszero", "dstrain")
-OPTIONAL_LIBRARIES = ("dspipe", "dsmoe", "dsdata")
+
+
+def _optional_libraries() -> tuple[str, ...]:
+    """The dstrain libraries the facade's extras name (dspipe, dsmoe, dstp, dsdata, ...), read from its own
+    metadata, so a library added as an extra is reported without a second list to keep."""
+    try:
+        requirements = metadata.requires("dstrain") or []
+    except metadata.PackageNotFoundError:
+        requirements = []
+    names = (re.split(r"[\s\[<>=!~;]", req, maxsplit=1)[0] for req in requirements if "extra ==" in req)
+    return tuple(dict.fromkeys(name for name in names if name.startswith("ds") and name not in LIBRARIES))
+
+
+OPTIONAL_LIBRARIES = _optional_libraries()
 PACKAGES = {"torch": "torch", "triton": "triton", "tensorboard": "tensorboard", "wandb": "wandb",
             "comet-ml": "comet_ml", "numpy": "numpy"}  # distribution name -> import name
 
