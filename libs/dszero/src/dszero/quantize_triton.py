@@ -2,7 +2,9 @@
 
 One program per (row, block): it finds the block's step (and minimum), rounds half to even as torch
 does, and writes the block's codes, two per byte for int4; torch only lays codes and steps out in the
-payload. Codes, steps and dequantized values are the same as quantize.py's torch path.
+payload. Codes, steps and dequantized values are the same as quantize.py's torch path: on a GPU that needs
+the IEEE division (`div_rn`; Triton's `/` is `div.full.f32`, up to 2 ulp off) and no fused multiply-add
+(`enable_fp_fusion=False`: torch multiplies and adds as two roundings).
 """
 
 from __future__ import annotations
@@ -31,11 +33,11 @@ def _block_stats(x_ptr, row_start, numel, block_start, BLOCK: tl.constexpr, SYMM
     x = tl.where(inside, tl.load(x_ptr + row_start + offsets, mask=inside, other=0.0).to(tl.float32), last)
     has_nan = tl.max((x != x).to(tl.int32), axis=0) > 0  # tl.max may skip nan; torch.amax propagates it
     if SYMMETRIC:
-        step = tl.max(tl.abs(x), axis=0) / QMAX
+        step = tl.math.div_rn(tl.max(tl.abs(x), axis=0), QMAX)
         low = 0.0
     else:
         low = tl.min(x, axis=0)
-        step = (tl.max(x, axis=0) - low) / LEVELS
+        step = tl.math.div_rn(tl.max(x, axis=0) - low, LEVELS)
         low = tl.where(has_nan, float("nan"), low)
     step = tl.where(has_nan, float("nan"), step)
     return step, low
@@ -45,11 +47,11 @@ def _block_stats(x_ptr, row_start, numel, block_start, BLOCK: tl.constexpr, SYMM
 def _codes_of(x, step, low, SYMMETRIC: tl.constexpr, QMAX, LEVELS, OFFSET):
     safe = tl.where(step > 0, step, 1.0)
     if SYMMETRIC:
-        q = _round_half_even(x / safe)
+        q = _round_half_even(tl.math.div_rn(x, safe))
         q = tl.where(q != q, 0.0, q)
         q = tl.minimum(tl.maximum(q, -QMAX), QMAX) + OFFSET
     else:
-        q = _round_half_even((x - low) / safe)
+        q = _round_half_even(tl.math.div_rn(x - low, safe))
         q = tl.where(q != q, 0.0, q)
         q = tl.minimum(tl.maximum(q, 0.0), LEVELS)
     return q.to(tl.int32)
@@ -114,7 +116,8 @@ def quantize(rows: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
     lows = torch.empty(count, blocks if not spec.symmetric else 1, dtype=torch.float32, device=rows.device)
     _quantize_kernel[(count, blocks)](rows, codes, steps, lows, numel, rows.stride(0), start, blocks,
                                       BLOCK=spec.block_size, FOUR_BITS=spec.bits == 4, SYMMETRIC=spec.symmetric,
-                                      QMAX=float(spec.qmax), LEVELS=float(spec.levels), OFFSET=spec.offset)
+                                      QMAX=float(spec.qmax), LEVELS=float(spec.levels), OFFSET=spec.offset,
+                                      enable_fp_fusion=False)
     payload[:, :start] = codes
     payload[:, start:start + 4 * blocks].view(torch.float32).copy_(steps)
     if not spec.symmetric:
@@ -131,5 +134,6 @@ def dequantize(rows: torch.Tensor, numel: int, spec: QuantSpec, dtype: torch.dty
     lows = rows[:, start + 4 * blocks:].contiguous().view(torch.float32) if not spec.symmetric else steps
     out = torch.empty(count, numel, dtype=dtype, device=rows.device)
     _dequantize_kernel[(count, blocks)](codes, steps, lows, out, numel, start, blocks, BLOCK=spec.block_size,
-                                        FOUR_BITS=spec.bits == 4, SYMMETRIC=spec.symmetric, OFFSET=spec.offset)
+                                        FOUR_BITS=spec.bits == 4, SYMMETRIC=spec.symmetric, OFFSET=spec.offset,
+                                        enable_fp_fusion=False)
     return out

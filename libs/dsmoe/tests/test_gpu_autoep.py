@@ -1,0 +1,87 @@
+"""On a CUDA GPU: AutoEP's expert MLP on the Triton grouped GEMM and on torch._grouped_mm equals the
+per-expert loop at bf16, forward and every gradient, both weight layouts, fused and separate gate/up, with
+an expert that gets no rows and one spanning several row tiles; and the backend AutoEP picks for this GPU.
+
+Each backend's result at bf16 is compared with the loop at bf16 on the same GPU and with the loop in
+float32 on the CPU over the same bf16 values. Skipped without CUDA; DSTRAIN_GPU_REHEARSAL=1
+(tools/gpu_check/run.sh --dry-run) runs the comparisons with the CPU standing in (torch._grouped_mm only:
+the Triton kernel's CPU check runs under TRITON_INTERPRET=1 in test_autoep_triton.py).
+"""
+
+import importlib.util
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from dsmoe.autoep import choose_backend, expert_mlp
+
+CUDA = torch.cuda.is_available()
+REHEARSAL = os.environ.get("DSTRAIN_GPU_REHEARSAL") == "1"
+DEVICE = torch.device("cuda" if CUDA else "cpu")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
+    not (CUDA or REHEARSAL), reason="needs a CUDA GPU (torch.cuda.is_available() is False); "
+                                    "tools/gpu_check/run.sh --dry-run rehearses it on the CPU")]
+
+SIZES = [37, 0, 70, 9]  # an empty expert; one over two 32-row tiles; row counts that fill no tile exactly
+HIDDEN, FFN = 64, 96  # multiples of 8: bf16 rows of 16-byte multiples, as torch._grouped_mm needs
+BOUND = 3e-2  # bf16 against bf16 or float32: a few units in the last place of the largest value
+
+
+def weights(in_out: bool, fused: bool) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator().manual_seed(4)
+    experts = len(SIZES)
+
+    def w(out: int, inp: int) -> torch.Tensor:
+        return torch.randn((experts, inp, out) if in_out else (experts, out, inp), generator=gen) * 0.2
+
+    w1 = w(2 * FFN if fused else FFN, HIDDEN)
+    w3 = None if fused else w(FFN, HIDDEN)
+    x = torch.randn(sum(SIZES), HIDDEN, generator=gen)
+    return x, w1, w(HIDDEN, FFN), w3
+
+
+def run(backend: str, tensors, in_out: bool, device, dtype) -> list[torch.Tensor]:
+    """Forward and the gradients of x and every weight, as float32 on the CPU."""
+    leaves = [t.to(device=device, dtype=dtype).requires_grad_() if t is not None else None for t in tensors]
+    y = expert_mlp(leaves[0], SIZES, leaves[1], leaves[2], leaves[3], in_out, F.silu, backend)
+    ramp = torch.linspace(-1, 1, y.numel(), device=device).view_as(y)  # a gradient that is not stride 0
+    (y.float() * ramp).sum().backward()
+    return [t.detach().float().cpu() for t in [y, *(leaf.grad for leaf in leaves if leaf is not None)]]
+
+
+def worst(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
+    return max(float((g - w).abs().max() / w.abs().max().clamp_min(1e-6)) for g, w in zip(got, want))
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused_gate_up", "separate_gate_up"])
+@pytest.mark.parametrize("in_out", [False, True], ids=["out_in", "in_out"])
+@pytest.mark.parametrize("backend", ["triton", "grouped_mm"])
+def test_grouped_backend_equals_the_loop_at_bf16(backend, in_out, fused):
+    if backend == "triton" and not CUDA:
+        pytest.skip("the Triton kernel's CPU check runs under TRITON_INTERPRET=1 in test_autoep_triton.py")
+    if backend == "triton" and importlib.util.find_spec("triton") is None:
+        pytest.fail("triton is not installed: AutoEP's Triton grouped GEMM went unchecked (pip install triton)")
+    tensors = weights(in_out, fused)
+    rounded = [t.to(torch.bfloat16).float() if t is not None else None for t in tensors]
+    reference = run("loop", rounded, in_out, "cpu", torch.float32)
+    loop = run("loop", tensors, in_out, DEVICE, torch.bfloat16)
+    got = run(backend, tensors, in_out, DEVICE, torch.bfloat16)
+    assert [g.shape for g in got] == [r.shape for r in reference]
+    assert worst(loop, reference) < BOUND, "the loop itself"
+    assert worst(got, loop) < BOUND, f"{backend} against the bf16 loop on {DEVICE.type}"
+    assert worst(got, reference) < BOUND, f"{backend} against the float32 loop on the CPU"
+
+
+def test_autoep_picks_the_grouped_kernel_this_device_runs_best():
+    dims = [HIDDEN, 2 * FFN, FFN]
+    chosen = choose_backend(True, False, DEVICE, torch.bfloat16, dims)
+    if CUDA:
+        major = torch.cuda.get_device_capability(DEVICE)[0]
+        has_triton = importlib.util.find_spec("triton") is not None
+        assert chosen == ("grouped_mm" if major >= 9 or not has_triton else "triton")
+        assert choose_backend(True, True, DEVICE, torch.bfloat16, dims) == "grouped_mm"  # Triton disabled
+    else:
+        assert chosen == "grouped_mm"
+    assert choose_backend(False, False, DEVICE, torch.bfloat16, dims) == "loop"
