@@ -9,6 +9,7 @@ Skipped without CUDA; DSTRAIN_GPU_REHEARSAL=1 (tools/gpu_check/run.sh --dry-run)
 holds it to the same assertions.
 """
 
+import itertools
 import json
 import os
 import subprocess
@@ -81,7 +82,7 @@ def test_fp16_training_on_the_gpu_skips_overflowing_steps_then_trains(runs):
     assert not applied[0] and scale[0] == 2.0**25, "the first step's overflow must skip it and halve the scale"
     assert got["skipped_steps"] == applied.count(False) >= 1
     assert all(applied[-5:]), f"steps still skipped at the end: {applied}"
-    assert all(later <= earlier for earlier, later in zip(scale, scale[1:]))  # no growth within 1000 steps
+    assert all(later <= earlier for earlier, later in itertools.pairwise(scale))  # no growth within 1000 steps
     first_applied = applied.index(True)
     assert relative(got["loss"][0], cpu["fp16_zero1"]["loss"][0]) < 1e-2
     assert got["loss"][-1] < got["loss"][first_applied] - 0.1, got["loss"]

@@ -18,7 +18,11 @@ import pytest
 import torch
 
 from dstrain.ops.kernels import backend_name, triton_available
-from dstrain.ops.transformer import DeepSpeedTransformerConfig, DeepSpeedTransformerLayer, count_saved_activations
+from dstrain.ops.transformer import (
+    DeepSpeedTransformerConfig,
+    DeepSpeedTransformerLayer,
+    count_saved_activations,
+)
 
 CUDA = torch.cuda.is_available()
 REHEARSAL = os.environ.get("DSTRAIN_GPU_REHEARSAL") == "1"
