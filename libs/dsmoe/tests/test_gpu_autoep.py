@@ -85,3 +85,23 @@ def test_autoep_picks_the_grouped_kernel_this_device_runs_best():
     else:
         assert chosen == "grouped_mm"
     assert choose_backend(False, False, DEVICE, torch.bfloat16, dims) == "loop"
+
+
+def test_triton_weight_gradient_of_a_weight_with_more_tiles_than_a_grid_axis_takes():
+    """gate_up of 2 x (2048 -> 2 x 16448): 64 x 1028 = 65792 (K, N) tiles per expert, past CUDA's 65535 on
+    any axis but the first: the launch itself is what is checked, and the numbers against the loop."""
+    if not CUDA:
+        pytest.skip("the grid limit is CUDA's; test_autoep_triton_grid.py checks the grids on the CPU")
+    gen = torch.Generator().manual_seed(8)
+    sizes, hidden, ffn = [40, 24], 2048, 16448
+    x = (torch.randn(sum(sizes), hidden, generator=gen) * 0.1).to(DEVICE, torch.bfloat16)
+    w1 = (torch.randn(2, 2 * ffn, hidden, generator=gen) * 0.02).to(DEVICE, torch.bfloat16)
+    from dsmoe.autoep import grouped_matmul
+
+    grads = []
+    for backend in ("triton", "loop"):
+        weight = w1.detach().clone().requires_grad_()
+        y = grouped_matmul(x, weight, sizes, False, backend)
+        y.float().sum().backward()
+        grads.append(weight.grad.float().cpu())
+    assert worst([grads[0]], [grads[1]]) < BOUND
