@@ -39,7 +39,7 @@ VARIANTS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "dsaio-notorch": ("dsaio", "test-notorch", ("torch",)),  # dsaio is installed alone, without torch
 }
 
-nox.options.sessions = [*LAYERS, *VARIANTS, "dstrain-spine", "lint"]
+nox.options.sessions = [*LAYERS, *VARIANTS, "dstrain-spine", "gpu-check-dry-run", "lint"]
 nox.options.reuse_existing_virtualenvs = False
 nox.options.error_on_missing_interpreters = True
 
@@ -112,6 +112,19 @@ def dstrain_spine(session: nox.Session) -> None:
     _check_absent(session, middle_row)
     session.log(f"installed {', '.join(spine)} and dstrain; absent: {', '.join(middle_row)}")
     session.run("pytest", "-q", str(ROOT / "facade" / "tests_spine"), *session.posargs, env={"DSTRAIN_SPINE": "1"})
+
+
+@nox.session(name="gpu-check-dry-run")
+def gpu_check_dry_run(session: nox.Session) -> None:
+    """tools/gpu_check/run.sh --dry-run: the GPU check's steps on this CPU machine (every library installed with
+    pip install --no-deps -e into this session's torch, native cores built, the gpu-marked tests rehearsed on
+    the CPU, the benchmarks smoke-run). Only what a GPU machine's image already holds is installed here; torch
+    unpacks without byte-compiling, which is most of its install time."""
+    session.install("--no-compile", "-c", CONSTRAINTS, "torch", "numpy", "attrs", "cattrs", "pytest>=8",
+                    "setuptools>=77", "pybind11>=2.12")
+    out = Path(session.create_tmp()) / "gpu-check"
+    session.run(str(ROOT / "tools" / "gpu_check" / "run.sh"), "--dry-run", "--jobs", "2", str(out), *session.posargs,
+                env={"PYTHON": str(Path(session.bin) / "python")}, external=True)
 
 
 @nox.session
