@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import FAILED, PASSED, SKIPPED, Check, Figure, Report, junit_checks  # noqa: E402
+from report import FAILED, PASSED, SKIPPED, Check, Figure, Report, junit_checks
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -47,12 +47,12 @@ _CLEAN_ENV = ("TRITON_INTERPRET", "DSTRAIN_KERNELS", "DSZERO_QUANT_KERNELS", "DS
 
 
 def now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
 
 
 def project_dirs() -> list[Path]:
     """Every library of this checkout (each folder with a pyproject.toml) and the facade."""
-    return sorted(p.parent for p in ROOT.glob("libs/*/pyproject.toml")) + [ROOT / "facade"]
+    return [*sorted(p.parent for p in ROOT.glob("libs/*/pyproject.toml")), ROOT / "facade"]
 
 
 def gpu_test_files() -> list[Path]:
