@@ -1,7 +1,8 @@
 """On a CUDA GPU: the example GPT trained by dstrain on one GPU (a world of one on NCCL) against the same
 training on the CPU (gloo): float32 ZeRO-3 with prefetching gives the CPU run's losses, bf16 (ZeRO-2)
 trains in bf16, fp16 (ZeRO-1) skips the steps its loss scale overflows and trains once the scale has come
-down. Both runs are scripts/gpu_train_gpt.py, each in a process of its own (CUDA must not be forked).
+down. Both runs are scripts/gpu_train_gpt.py, each in a process of its own (CUDA must not be forked). And the
+example script itself, facade/examples/train_gpt.py, trains on the GPU as a user runs it.
 
 With one rank there is nobody to gather from: the prefetch machinery runs (plans, asynchronous handles,
 releases) on the GPU, but the gathers are copies; overlapping NCCL's stream needs two GPUs.
@@ -26,6 +27,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
                                     "tools/gpu_check/run.sh --dry-run rehearses it on the CPU")]
 
 SCRIPT = Path(__file__).parent / "scripts" / "gpu_train_gpt.py"
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 _RENDEZVOUS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
@@ -86,3 +88,21 @@ def test_fp16_training_on_the_gpu_skips_overflowing_steps_then_trains(runs):
     first_applied = applied.index(True)
     assert relative(got["loss"][0], cpu["fp16_zero1"]["loss"][0]) < 1e-2
     assert got["loss"][-1] < got["loss"][first_applied] - 0.1, got["loss"]
+
+
+def test_the_example_script_trains_on_the_gpu(tmp_path):
+    """facade/examples/train_gpt.py as a user runs it (ZeRO-3 config, world of one): its batches must reach the
+    device the engine trains on; then it evaluates and saves a checkpoint."""
+    config = json.loads((EXAMPLES / "configs" / "zero3.json").read_text())
+    config.pop("tensorboard")  # the monitors' extras are not this test's concern: CSV needs none
+    config["csv_monitor"]["output_path"] = str(tmp_path / "logs")
+    (tmp_path / "zero3.json").write_text(json.dumps(config))
+    env = {k: v for k, v in os.environ.items() if k not in _RENDEZVOUS}
+    steps = 30 if CUDA else 6
+    run = subprocess.run([sys.executable, str(EXAMPLES / "train_gpt.py"), "--deepspeed_config", "zero3.json",
+                          "--steps", str(steps), "--save-every", str(steps), "--corpus-mb", "0.3", "--seq", "64",
+                          "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=300, env=env,
+                         cwd=tmp_path)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]
+    assert f"trained steps 0..{steps}" in run.stdout and "validation loss" in run.stdout
+    assert (tmp_path / "out" / "checkpoints" / "zero3" / "latest").exists()
