@@ -66,6 +66,14 @@ def test_one_rank_zero3_with_prefetch_on_the_gpu_gives_the_cpu_losses(runs):
     assert got["loss"][-1] < got["loss"][0]
 
 
+def test_activation_checkpointing_to_host_memory_changes_no_loss_on_the_gpu(runs):
+    got = runs["gpu"]["zero3_fp32_checkpointed"]
+    plain = runs["gpu"]["zero3_fp32"]
+    assert got["param_devices"] == [runs["gpu"]["device"]]
+    # recomputation repeats the forward exactly; 1e-4 leaves room for a GPU kernel that sums in another order
+    assert max(relative(g, w) for g, w in zip(got["loss"], plain["loss"])) < 1e-4, (got["loss"], plain["loss"])
+
+
 def test_bf16_training_on_the_gpu(runs):
     gpu, cpu = runs["gpu"], runs["cpu"]
     got = gpu["bf16_zero2"]
@@ -92,17 +100,23 @@ def test_fp16_training_on_the_gpu_skips_overflowing_steps_then_trains(runs):
 
 def test_the_example_script_trains_on_the_gpu(tmp_path):
     """facade/examples/train_gpt.py as a user runs it (ZeRO-3 config, world of one): its batches must reach the
-    device the engine trains on; then it evaluates and saves a checkpoint."""
+    device the engine trains on; then it evaluates, saves a checkpoint and resumes from it."""
     config = json.loads((EXAMPLES / "configs" / "zero3.json").read_text())
     config.pop("tensorboard")  # the monitors' extras are not this test's concern: CSV needs none
     config["csv_monitor"]["output_path"] = str(tmp_path / "logs")
     (tmp_path / "zero3.json").write_text(json.dumps(config))
     env = {k: v for k, v in os.environ.items() if k not in _RENDEZVOUS}
     steps = 30 if CUDA else 6
-    run = subprocess.run([sys.executable, str(EXAMPLES / "train_gpt.py"), "--deepspeed_config", "zero3.json",
-                          "--steps", str(steps), "--save-every", str(steps), "--corpus-mb", "0.3", "--seq", "64",
-                          "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=300, env=env,
-                         cwd=tmp_path)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]
-    assert f"trained steps 0..{steps}" in run.stdout and "validation loss" in run.stdout
+
+    def train(*extra: str) -> str:
+        run = subprocess.run([sys.executable, str(EXAMPLES / "train_gpt.py"), "--deepspeed_config", "zero3.json",
+                              "--corpus-mb", "0.3", "--seq", "64", "--out", str(tmp_path / "out"), *extra],
+                             capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]
+        return run.stdout
+
+    first = train("--steps", str(steps), "--save-every", str(steps))
+    assert f"trained steps 0..{steps}" in first and "validation loss" in first
     assert (tmp_path / "out" / "checkpoints" / "zero3" / "latest").exists()
+    # and it resumes from that checkpoint on the same device (the files hold CPU tensors)
+    assert f"trained steps {steps}..{steps + 2}" in train("--resume", "--steps", str(steps + 2))

@@ -1,6 +1,7 @@
 """The example GPT trained three ways in one world-of-one process, on the GPU when torch sees one (NCCL) and
 on the CPU otherwise (gloo; run with CUDA_VISIBLE_DEVICES= for the CPU reference): float32 ZeRO-3 with
-prefetching, bf16 ZeRO-2, fp16 ZeRO-1 from an overflowing loss scale. Prints one JSON line (losses, steps
+prefetching (and again with activation checkpointing to host memory), bf16 ZeRO-2, fp16 ZeRO-1 from an
+overflowing loss scale. Prints one JSON line (losses, steps
 applied, loss scales, prefetches, where the parameters lived). Run by test_gpu_training.py.
 
     python facade/tests/scripts/gpu_train_gpt.py
@@ -24,6 +25,11 @@ RUNS = {
     # every unit partitioned and a prefetch bucket that holds about two of them: gathers run ahead of need
     "zero3_fp32": ({"zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": 40_000,
                                           "stage3_param_persistence_threshold": 0}}, 8),
+    # the same with every block recomputed in backward, its saved inputs copied to pinned host memory on a side
+    # stream (cpu_checkpointing): the losses must not change
+    "zero3_fp32_checkpointed": ({"zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": 40_000,
+                                                       "stage3_param_persistence_threshold": 0},
+                                 "activation_checkpointing": {"cpu_checkpointing": True}}, 8),
     "bf16_zero2": ({"bf16": {"enabled": True}, "zero_optimization": {"stage": 2}}, 10),
     # 2**26 / 256 tokens: the logits' gradient alone passes fp16's 65504, so the first steps overflow
     "fp16_zero1": ({"fp16": {"enabled": True, "initial_scale_power": 26, "hysteresis": 1},
@@ -38,7 +44,9 @@ def batches() -> torch.Tensor:
 
 def train(extra: dict, steps: int) -> dict:
     torch.manual_seed(1234)
-    model = GPT(seq=SEQ, d_model=64, layers=2, heads=4)
+    checkpointed = "activation_checkpointing" in extra
+    model = GPT(seq=SEQ, d_model=64, layers=2, heads=4,
+                checkpoint_fn=dstrain.checkpointing.checkpoint if checkpointed else None)
     config = {"train_micro_batch_size_per_gpu": BATCH, "gradient_accumulation_steps": 1, "gradient_clipping": 1.0,
               "steps_per_print": 10_000, "optimizer": OPTIMIZER, **extra}
     engine, *_ = dstrain.initialize(model=model, model_parameters=model.parameters(), config=config)
