@@ -101,6 +101,8 @@ def test_fp16_training_on_the_gpu_skips_overflowing_steps_then_trains(runs):
 def test_the_example_script_trains_on_the_gpu(tmp_path):
     """facade/examples/train_gpt.py as a user runs it (ZeRO-3 config, world of one): its batches must reach the
     device the engine trains on; then it evaluates, saves a checkpoint and resumes from it."""
+    if not CUDA:  # 20 s of CPU for what test_main_job.py and test_autotuning_e2e.py already run on the CPU
+        pytest.skip("the example's CPU runs are test_main_job.py's; this one is for the GPU")
     config = json.loads((EXAMPLES / "configs" / "zero3.json").read_text())
     config.pop("tensorboard")  # the monitors' extras are not this test's concern: CSV needs none
     config["csv_monitor"]["output_path"] = str(tmp_path / "logs")
