@@ -155,3 +155,27 @@ def test_triton_kernel_checks_pass_on_the_gpu():
                           str(CHECKS)], capture_output=True, text=True, timeout=240, env=env, cwd=CHECKS.parent)
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
     assert " passed" in run.stdout and " failed" not in run.stdout
+
+
+def test_kernels_address_tensors_past_2_31_elements():
+    """Attention probabilities of long sequences pass 2**31 elements: the kernels' offsets are 64-bit. Past
+    that point the Triton results equal the torch path's (checked on the last rows only, to stay quick)."""
+    if not CUDA:
+        pytest.skip("needs a GPU with some 40 GB free; offsets are arithmetic the CPU tests cannot reach")
+    from dstrain.ops.kernels import torch_ops, triton_ops
+
+    rows, width = (1 << 21) + 1, 1024  # 2**31 + 1024 elements
+    gen = torch.Generator(device=DEVICE).manual_seed(3)
+    scores = torch.randn(1, 1, rows, width, device=DEVICE, dtype=torch.bfloat16, generator=gen)
+    probs, _ = triton_ops.softmax_dropout_forward(scores, None, 0.125, 0.0, 1)
+    tail = slice(rows - 16, rows)
+    want, _ = torch_ops.softmax_dropout_forward(scores[:, :, tail], None, 0.125, 0.0, 1)
+    torch.testing.assert_close(probs[:, :, tail].float(), want.float(), rtol=1.6e-2, atol=1e-3)
+    grads = triton_ops.softmax_dropout_backward(scores, probs, 0.125, 0.0, 1)  # the scores as a gradient
+    want = torch_ops.softmax_dropout_backward(scores[:, :, tail], probs[:, :, tail], 0.125, 0.0, 1)
+    torch.testing.assert_close(grads[:, :, tail].float(), want.float(), rtol=1.6e-2, atol=1e-3)
+    del probs, grads
+    x = scores.view(rows, width)
+    bias = torch.randn(width, device=DEVICE, dtype=torch.bfloat16, generator=gen)
+    torch.testing.assert_close(triton_ops.bias_gelu_forward(x, bias)[tail].float(),
+                               torch_ops.bias_gelu_forward(x[tail], bias).float(), rtol=1.6e-2, atol=1e-2)

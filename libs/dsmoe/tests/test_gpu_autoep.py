@@ -105,3 +105,22 @@ def test_triton_weight_gradient_of_a_weight_with_more_tiles_than_a_grid_axis_tak
         y.float().sum().backward()
         grads.append(weight.grad.float().cpu())
     assert worst([grads[0]], [grads[1]]) < BOUND
+
+
+def test_triton_grouped_gemm_addresses_an_expert_past_2_31_elements():
+    """Three experts of 32768 x 32768: the third's weights start past 2**31 elements, where 32-bit
+    addresses would wrap. Its rows equal the loop's."""
+    if not CUDA:
+        pytest.skip("needs a GPU with some 10 GB free; addresses are arithmetic the CPU tests cannot reach")
+    if importlib.util.find_spec("triton") is None:
+        pytest.fail("triton is not installed: AutoEP's Triton grouped GEMM went unchecked")
+    from dsmoe.autoep import grouped_matmul
+
+    gen = torch.Generator(device=DEVICE).manual_seed(9)
+    sizes, width = [4, 4, 40], 32768
+    weight = torch.randn(3, width, width, device=DEVICE, dtype=torch.bfloat16, generator=gen) * 0.01
+    x = torch.randn(sum(sizes), width, device=DEVICE, dtype=torch.bfloat16, generator=gen)
+    with torch.no_grad():
+        got = grouped_matmul(x, weight, sizes, False, "triton")[8:]
+        want = grouped_matmul(x[8:], weight[2:], [40], False, "loop")
+    assert worst([got.float()], [want.float()]) < BOUND

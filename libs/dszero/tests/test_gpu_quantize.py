@@ -91,3 +91,20 @@ def test_the_triton_quantizer_checks_pass_on_the_gpu():
     run = subprocess.run([sys.executable, str(CHECKS)], capture_output=True, text=True, timeout=240, env=env)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "on cuda" in run.stdout
+
+
+def test_rows_past_2_31_elements_quantize_like_the_torch_path():
+    """Three rows of 2**30 + 3 elements: the third starts past 2**31, where 32-bit offsets would wrap. Its
+    payload and values equal the torch path's on the GPU (run on that row alone)."""
+    if not CUDA:
+        pytest.skip("needs a GPU with some 30 GB free; offsets are arithmetic the CPU tests cannot reach")
+    if importlib.util.find_spec("triton") is None:
+        pytest.fail("triton is not installed: the GPU's quantizers are the torch path")
+    numel, spec = (1 << 30) + 3, QuantSpec(8, 256, False)
+    x = torch.randn(3, numel, device=DEVICE, dtype=torch.bfloat16, generator=torch.Generator(DEVICE).manual_seed(5))
+    payload = quantize(x, spec)
+    want = quantize_torch(x[2:], spec)
+    assert torch.equal(payload[2:], want)
+    del x
+    values = dequantize(payload, numel, spec, dtype=torch.bfloat16)
+    assert torch.equal(values[2], dequantize_torch(want, numel, spec).to(torch.bfloat16)[0])

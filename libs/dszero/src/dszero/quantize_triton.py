@@ -62,8 +62,8 @@ def _codes_of(x, step, low, SYMMETRIC: tl.constexpr, QMAX, LEVELS, OFFSET):
 @triton.jit
 def _quantize_kernel(x_ptr, codes_ptr, step_ptr, low_ptr, numel, x_stride, codes_stride, blocks,
                      BLOCK: tl.constexpr, FOUR_BITS: tl.constexpr, SYMMETRIC: tl.constexpr, QMAX, LEVELS, OFFSET):
-    block = tl.program_id(0)
-    row = tl.program_id(1)
+    block = tl.program_id(0).to(tl.int64)  # 64-bit addresses: rows of rank-sized shards pass 2**31 bytes
+    row = tl.program_id(1).to(tl.int64)
     row_start = row * x_stride
     block_start = block * BLOCK
     step, low = _block_stats(x_ptr, row_start, numel, block_start, BLOCK, SYMMETRIC, QMAX, LEVELS)
@@ -91,8 +91,8 @@ def _quantize_kernel(x_ptr, codes_ptr, step_ptr, low_ptr, numel, x_stride, codes
 @triton.jit
 def _dequantize_kernel(codes_ptr, step_ptr, low_ptr, out_ptr, numel, codes_stride, blocks,
                        BLOCK: tl.constexpr, FOUR_BITS: tl.constexpr, SYMMETRIC: tl.constexpr, OFFSET):
-    block = tl.program_id(0)
-    row = tl.program_id(1)
+    block = tl.program_id(0).to(tl.int64)  # 64-bit addresses: rows of rank-sized shards pass 2**31 bytes
+    row = tl.program_id(1).to(tl.int64)
     offsets = block * BLOCK + tl.arange(0, BLOCK)
     inside = offsets < numel
     if FOUR_BITS:

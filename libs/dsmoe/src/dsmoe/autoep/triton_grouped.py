@@ -26,8 +26,9 @@ def _grouped_mm_kernel(x_ptr, w_ptr, out_ptr, tile_expert_ptr, tile_row_ptr, exp
                        sxm, sxk, swe, swk, swn, som, son, UPCAST: tl.constexpr, BM: tl.constexpr,
                        BN: tl.constexpr, BK: tl.constexpr):
     tile = tl.program_id(0)
-    expert = tl.load(tile_expert_ptr + tile)
-    row0 = tl.load(tile_row_ptr + tile)
+    # 64-bit addresses: an expert's weights times its index, or rows times the hidden size, pass 2**31
+    expert = tl.load(tile_expert_ptr + tile).to(tl.int64)
+    row0 = tl.load(tile_row_ptr + tile).to(tl.int64)
     row_end = tl.load(expert_end_ptr + expert)
     rows = row0 + tl.arange(0, BM)
     cols = tl.program_id(1) * BN + tl.arange(0, BN)
@@ -55,14 +56,14 @@ def _grouped_wgrad_kernel(x_ptr, dy_ptr, dw_ptr, expert_start_ptr, expert_end_pt
                           sxm, sxk, sym, syn, sde, sdk, sdn, UPCAST: tl.constexpr, BM: tl.constexpr,
                           BN: tl.constexpr, BK: tl.constexpr):
     tile = tl.program_id(0)  # the (K, N) tiles on the first axis: CUDA caps the others at 65535 programs
-    expert = tl.program_id(1)
+    expert = tl.program_id(1).to(tl.int64)
     tiles_n = tl.cdiv(n_cols, BN)
     ks = (tile // tiles_n) * BK + tl.arange(0, BK)
     cols = (tile % tiles_n) * BN + tl.arange(0, BN)
     k_ok = ks < k_dim
     col_ok = cols < n_cols
-    start = tl.load(expert_start_ptr + expert)
-    end = tl.load(expert_end_ptr + expert)
+    start = tl.load(expert_start_ptr + expert).to(tl.int64)
+    end = tl.load(expert_end_ptr + expert).to(tl.int64)
     acc = tl.zeros((BK, BN), dtype=tl.float32)
     for m0 in range(start, end, BM):
         rows = m0 + tl.arange(0, BM)
