@@ -16,6 +16,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -221,17 +222,24 @@ class Run:
                      where)
 
     def tests(self) -> None:
+        """On a GPU one pytest per file, --jobs at a time (each with its own timeout, a crash or a hang costs
+        one file); in the dry run one pytest for all, as importing torch is most of a small CPU's time."""
         files = gpu_test_files()
-        reserve = 0 if self.dry_run else 150  # the benchmarks' share of what is left
-        timeout = max(30.0, min(TEST_FILE_SECONDS * (3 if self.dry_run else 1), self.left() - reserve))
+        if self.dry_run:
+            batches = [files]
+            timeout = max(30.0, min(3 * TEST_FILE_SECONDS, self.left()))
+        else:
+            batches = [[path] for path in files]
+            timeout = max(30.0, min(TEST_FILE_SECONDS, self.left() - 150))  # 150 s: the benchmarks' share
 
-        def one(path: Path) -> list[Check]:
-            group = str(path.relative_to(ROOT))
-            junit = self.scratch / f"{path.parent.parent.name}-{path.stem}.xml"
+        def one(paths: list[Path]) -> list[Check]:
+            group = str(paths[0].relative_to(ROOT)) if len(paths) == 1 else "gpu tests"
+            junit = self.scratch / (f"{paths[0].parent.parent.name}-{paths[0].stem}.xml" if len(paths) == 1
+                                    else "all.xml")
             code, output = self.command(f"pytest -m gpu {group}", [
                 sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}",
-                str(path)], timeout)
-            checks = junit_checks(junit, group, rehearsal=self.dry_run) if junit.exists() else []
+                *map(str, paths)], timeout)
+            checks = junit_checks(junit, rehearsal=self.dry_run) if junit.exists() else []
             if code == 124:
                 checks.append(Check("the file's tests finished in time", group, FAILED,
                                     f"stopped after {timeout:.0f} s: {_tail(output, 2)}"))
@@ -242,7 +250,7 @@ class Run:
             return checks
 
         with concurrent.futures.ThreadPoolExecutor(self.jobs) as pool:
-            for checks in pool.map(one, files):
+            for checks in pool.map(one, batches):
                 self.report.checks.extend(checks)
 
     def benchmarks(self) -> None:
@@ -291,6 +299,7 @@ class Run:
                                                 f"ratio {figure.ratio:.3g}, target {figure.target}"))
 
     def finish(self) -> int:
+        shutil.rmtree(self.scratch, ignore_errors=True)
         self.report.finished = now()
         self.report.complete = True
         self.report.write(self.out)

@@ -134,12 +134,14 @@ def _atomic(path: Path, text: str) -> None:
     partial.replace(path)
 
 
-def junit_checks(path: Path, group: str, rehearsal: bool = False) -> list[Check]:
-    """One Check per test case of a pytest --junitxml file. In a rehearsal (the CPU standing in for the GPU)
-    a test that passed is still no GPU result: it is recorded as skipped, saying the rehearsal passed."""
+def junit_checks(path: Path, group: str | None = None, rehearsal: bool = False) -> list[Check]:
+    """One Check per test case of a pytest --junitxml file, in `group` (default: the test's file, from its
+    class name). In a rehearsal (the CPU standing in for the GPU) a test that passed is still no GPU result:
+    it is recorded as skipped, saying the rehearsal passed."""
     checks = []
     for case in ET.parse(path).getroot().iter("testcase"):
-        name = f"{case.get('classname', '').rpartition('.')[2]}::{case.get('name', '')}".lstrip(":")
+        classname = case.get("classname", "")
+        name = f"{classname.rpartition('.')[2]}::{case.get('name', '')}".lstrip(":")
         seconds = float(case.get("time") or 0.0)
         problem = case.find("failure")
         if problem is None:
@@ -154,7 +156,7 @@ def junit_checks(path: Path, group: str, rehearsal: bool = False) -> list[Check]
             status, reason = SKIPPED, "no CUDA GPU here; rehearsed on the CPU: passed"
         else:
             status, reason = PASSED, ""
-        checks.append(Check(name, group, status, reason, seconds))
+        checks.append(Check(name, group or classname.replace(".", "/") + ".py", status, reason, seconds))
     return checks
 
 
