@@ -92,13 +92,14 @@ def main() -> None:
     figures = []
     for op in ("write", "read"):
         what = "cold cache" if op == "read" else "overwrite + fdatasync"
-        name = f"dsaio {'pinned ' if pinned else ''}{op} of {nbytes >> 20} MiB ({what})"
+        name = f"dsaio {op} of a {'pinned' if pinned else 'page-locked'} tensor ({what})"
         anchor = f"fio libaio bs {BLOCK >> 20} MiB iodepth {DEPTH} direct"
         if not has_fio:
             figures.append(skipped(name, FIO_NOTE, "GB/s", anchor, ">= 0.9"))
             continue
         figures.append(figure(name, median(results["ours", op]), "GB/s", anchor, median(results["fio", op]),
-                              ">= 0.9", pairs, engine=engine, directory=str(args.dir), page_cache_dropped=dropped,
+                              ">= 0.9", pairs, bytes=nbytes, engine=engine, directory=str(args.dir),
+                              page_cache_dropped=dropped,
                               pinned=pinned, rates_GBps={s: [round(r, 3) for r in results[s, op]] for s in ("ours", "fio")}))
     write(args, figures)
 

@@ -37,7 +37,7 @@ def main() -> None:
         ("copy", 2 * copy_src.numel()), ("quantize", x_bytes + payload_bytes), ("dequantize", payload_bytes + x_bytes))}
     common = {"kernels": backend(x), "elements": numel, "payload_bytes": payload_bytes,
               "per_round_ms": {k: [round(t * 1e3, 4) for t in v] for k, v in times.items()}}
-    write(args, [figure(f"ZeRO++ {step} int8 (bf16, {numel >> 20} Mi elements)", rate[step], "GB/s",
+    write(args, [figure(f"ZeRO++ {step}, int8 blocks of 256, bf16 values", rate[step], "GB/s",
                         "device-to-device copy", rate["copy"], ">= 0.5", rounds, **common)
                  for step in ("quantize", "dequantize")])
 

@@ -61,9 +61,10 @@ def main() -> None:
     times = interleaved({"dstrain": dstrain_step, "plain": plain_step}, rounds, iters, warmup=3)
     ours, anchor = median(times["dstrain"]) * 1e3, median(times["plain"]) * 1e3
     params = sum(p.numel() for p in plain.parameters())
-    write(args, [figure(f"example GPT training step, ZeRO-3 bf16 on one GPU ({params / 1e6:.0f}M parameters)", ours,
-                        "ms", "plain PyTorch (autocast bf16, fused AdamW)", anchor, "<= 1.1", rounds,
-                        shape=f"{layers} layers, d_model {d_model}, {heads} heads, seq {seq}, batch {batch}",
+    write(args, [figure("example GPT training step, ZeRO-3 bf16 on one GPU", ours, "ms",
+                        "plain PyTorch (autocast bf16, fused AdamW)", anchor, "<= 1.1", rounds,
+                        shape=f"{layers} layers, d_model {d_model}, {heads} heads, seq {seq}, batch {batch}, "
+                              f"{params / 1e6:.1f}M parameters",
                         per_round_ms={k: [round(t * 1e3, 3) for t in v] for k, v in times.items()})])
     engine.destroy()
 
