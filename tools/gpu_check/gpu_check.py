@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import datetime
 import json
 import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -66,7 +68,7 @@ class Run:
                  require_targets: bool, seconds: float):
         self.out, self.dry_run, self.jobs, self.io_dir, self.wheels = out, dry_run, jobs, io_dir, wheels
         self.require_targets = require_targets
-        self.deadline = time.monotonic() + seconds
+        self.seconds, self.deadline = seconds, time.monotonic() + seconds
         self.report = Report(mode="dry-run" if dry_run else "gpu", started=now())
         self.stopped = ""  # set when nothing after the current step can run (no torch, say): the reason
         self.scratch = Path(tempfile.mkdtemp(prefix="gpu-check-"))
@@ -92,13 +94,21 @@ class Run:
         """Run `cmd` with a timeout; its output goes to the log. Returns (exit code, output); 124 on timeout."""
         seconds = max(1.0, min(seconds, self.left()))
         started = time.monotonic()
+        # A session of its own, so a timeout ends what the command started too (pytest's training
+        # subprocesses, say), not the command alone.
+        child = subprocess.Popen(cmd, cwd=cwd, env=env or self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 stdin=subprocess.DEVNULL, text=True, start_new_session=True)
         try:
-            done = subprocess.run(cmd, cwd=cwd, env=env or self.env, capture_output=True, text=True,
-                                  timeout=seconds, stdin=subprocess.DEVNULL)
-            code, output = done.returncode, done.stdout + done.stderr
-        except subprocess.TimeoutExpired as exc:
+            output, _ = child.communicate(timeout=seconds)
+            code = child.returncode
+        except subprocess.TimeoutExpired:
+            _kill_group(child)
+            output, _ = child.communicate()
             code = 124
-            output = _text(exc.stdout) + _text(exc.stderr) + f"\n(stopped after {seconds:.0f} s)\n"
+            output = (output or "") + f"\n(stopped after {seconds:.0f} s)\n"
+        except BaseException:
+            _kill_group(child)
+            raise
         self.note(f"\n===== {title} ({time.monotonic() - started:.1f} s, exit {code}) =====\n"
                   f"$ {shlex.join(cmd)}\n{output}")
         return code, output
@@ -110,7 +120,7 @@ class Run:
             status = SKIPPED
         elif self.left() < minimum:
             self.report.checks.append(Check(name, "budget", SKIPPED, f"no time left ({self.left():.0f} s of the "
-                                                                      f"{TOTAL_SECONDS} s budget; needs {minimum:.0f})"))
+                                                                      f"{self.seconds:.0f} s budget; needs {minimum:.0f})"))
             status = SKIPPED
         else:
             try:
@@ -310,10 +320,9 @@ class Run:
         return 1 if failed else 0
 
 
-def _text(value: bytes | str | None) -> str:
-    if value is None:
-        return ""
-    return value.decode(errors="replace") if isinstance(value, bytes) else value
+def _kill_group(child: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(child.pid, signal.SIGKILL)
 
 
 def _tail(output: str, lines: int = 4) -> str:

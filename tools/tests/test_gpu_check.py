@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import time
 import venv
 from pathlib import Path
 
@@ -114,3 +115,25 @@ def test_arguments_are_checked():
         gpu_check.parse_args(["out", "--jobs", "0"])
     assert gpu_check.parse_args(["out"]).seconds == gpu_check.TOTAL_SECONDS
     assert gpu_check.parse_args(["out", "--dry-run"]).seconds == gpu_check.DRY_RUN_SECONDS
+
+
+def test_a_command_past_its_time_is_stopped_with_what_it_started(tmp_path):
+    run = gpu_check.Run(tmp_path / "out", dry_run=True, jobs=1, io_dir=tmp_path, wheels=None, require_targets=False,
+                        seconds=60)
+    pid_file = tmp_path / "grandchild.pid"
+    started = time.monotonic()
+    code, output = run.command("hangs", ["bash", "-c", f"sleep 300 & echo $! > {pid_file}; wait"], 1.5)
+    assert code == 124 and "stopped after" in output and time.monotonic() - started < 30
+    grandchild = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and running(grandchild):
+        time.sleep(0.1)
+    assert not running(grandchild), "the command's own child outlived its timeout"
+    assert "===== hangs" in (tmp_path / "out" / "gpu_check.log").read_text()
+
+
+def running(pid: int) -> bool:
+    try:
+        return "zombie" not in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
