@@ -18,6 +18,13 @@ def metric(schedule_type, **schedule_config):
             "schedule_type": schedule_type, "schedule_config": schedule_config}}}}}}
 
 
+def percentile_metric(low, high):
+    config = metric("fixed_linear", total_curriculum_step=100, difficulty_step=1)
+    seqlen = config["data_efficiency"]["data_sampling"]["curriculum_learning"]["curriculum_metrics"]["seqlen"]
+    seqlen.update(difficulty_type="percentile", min_difficulty=low, max_difficulty=high)
+    return config
+
+
 def random_ltd(**overrides):
     ltd = {"enabled": True, "total_layer_num": 4, "random_ltd_layer_num": 2, "random_ltd_layer_id": [1, 2],
            "model_mask_name": "attention_mask", "model_type": "decoder", "hidden_state_order": "batch_seq_dim",
@@ -76,6 +83,7 @@ BROKEN = [
      f"{CURRICULUM}.schedule_config.max_step"),
     ("fixed_discrete with one step too many", metric("fixed_discrete", difficulty=[8, 64], max_step=[10, 20]),
      f"{CURRICULUM}.schedule_config.max_step"),
+    ("percentile curriculum ending at 0 percent", percentile_metric(0, 0), f"{CURRICULUM}.max_difficulty"),
     ("comet experiment_key too short", {"comet": {"experiment_key": "abc"}}, "comet.experiment_key"),
     ("comet get without a key", {"comet": {"enabled": True, "mode": "get"}}, "comet.mode"),
     ("autotp pass without AutoTP", {"compile": {"deepcompile": True, "passes": ["autotp"]}}, "compile.passes"),

@@ -67,6 +67,15 @@ def test_percentile_difficulty_admits_the_easiest_share(index):
         assert set(batch) <= admitted, step
 
 
+def test_a_percentile_curriculum_ending_at_zero_is_refused_by_name(index):
+    # It used to divide by max_difficulty at the first batch (ZeroDivisionError).
+    settings = config(index, total=metric(index, "total", "percentile", lo=0, hi=0, step=1))
+    with pytest.raises(DataEfficiencyError, match=r"curriculum_metrics\.total\.max_difficulty = 0"):
+        next(iter(DataSampler(settings, SAMPLES, 5, 0, 1)))
+    with pytest.raises(DataEfficiencyError, match=r"curriculum_metrics\.total\.min_difficulty = 101"):
+        DataSampler(config(index, total=metric(index, "total", "percentile", lo=101, hi=100)), SAMPLES, 5, 0, 1)
+
+
 def test_two_metrics_are_intersected(index):
     sampler = DataSampler(config(index, length=metric(index, "length", lo=4),
                                  total=metric(index, "total", lo=60, hi=600, total_steps=20, step=20)),

@@ -314,6 +314,9 @@ def _curriculum_metric_rules(path: str, metric, enabled: bool) -> Iterator[Findi
         for key, value in (("min_difficulty", lo), ("max_difficulty", hi)):
             if value is not None and not 0 <= value <= 100:
                 yield _error(f"{path}.{key}", "a percentile must be between 0 and 100", value)
+        if hi == 0:  # the sampler cuts the samples into max_difficulty shares: none at all admits no sample
+            yield _error(f"{path}.max_difficulty", "a percentile curriculum must end above 0 percent of the samples "
+                                                   "(valid: 1 to 100; 100 is the whole dataset)", hi)
     yield from _schedule_rules(path, lo, hi, metric.schedule_type, metric.schedule_config)
 
 
