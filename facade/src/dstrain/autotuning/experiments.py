@@ -18,10 +18,13 @@ import re
 import shlex
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+
+import dsconfig
 
 from .configs import experiment_config
 from .engine_metrics import METRICS_ENV
@@ -41,10 +44,18 @@ RESULT_FILES = ("ds_config.json", "cmd.txt", "exp.json", "metrics.json", "stdout
 
 
 def prepare_dir(path: Path, what: str) -> Path:
-    """`path` as a directory, created if needed; a file in its place is an error naming the key."""
+    """`path` as a directory, created if needed; a file in its place is an error naming the key, and so is a
+    directory that cannot be created or written (a ConfigError before any experiment runs, not a traceback)."""
     if path.exists() and not path.is_dir():
         raise AutotuningError(f"autotuning.{what} = {str(path)!r} is a file; name a directory (it is created)")
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):  # what access() cannot tell: read-only mounts, root on procfs
+            pass
+    except OSError as exc:
+        raise dsconfig.ConfigError(dsconfig.Problem(
+            f"autotuning.{what}", f"cannot be created or written ({exc.strerror or exc}); name a directory this "
+                                  f"user can write (it is created)", str(path))) from None
     return path
 
 

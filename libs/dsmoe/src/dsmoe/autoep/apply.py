@@ -82,6 +82,7 @@ def apply(model: nn.Module, config: ExpertParallelConfig, ep_group: Any = None, 
                                 backend)
         mark_expert_parameters(local, f"ep_size_{ep_size}")  # dsmoe's tags: param groups, ZeRO keys, checkpoints
         layer = AutoEPLayer(block, names, spec, local, ep_group, ep_size, plan.score_apply, plan.combine_impl, chosen)
+        layer.layer_name = name
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, child, layer)
         replaced.append(name)
