@@ -21,11 +21,13 @@ from .engines import backends
 from .errors import AioError
 from .gds import gds_handle
 from .handle import aio_handle
+from .limits import QueueLimits, queue_limits
 from .locked import free_cpu_locked_tensor, new_cpu_locked_tensor
 
 __all__ = [
     "AioError",
     "CheckpointError",
+    "QueueLimits",
     "__version__",
     "aio_handle",
     "backends",
@@ -36,6 +38,7 @@ __all__ = [
     "load_state_dict",
     "load_with_metadata",
     "new_cpu_locked_tensor",
+    "queue_limits",
     "save",
     "save_state_dict",
 ]

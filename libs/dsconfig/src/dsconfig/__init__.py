@@ -15,6 +15,7 @@ from .fields import AUTO
 from .jsonio import read_source
 from .keys import requested_unsupported
 from .loader import load
+from .resources import MachineLimits, resource_problems
 from .schema import json_schema
 from .sections import (
     ActivationCheckpointingConfig,
@@ -87,6 +88,7 @@ __all__ = [
     "FlopsProfilerConfig",
     "HybridEngineConfig",
     "LegacyCurriculumConfig",
+    "MachineLimits",
     "OffloadOptimizerConfig",
     "OffloadParamConfig",
     "OptimizerConfig",
@@ -109,4 +111,5 @@ __all__ = [
     "read_source",
     "requested_unsupported",
     "resolve_auto",
+    "resource_problems",
 ]

@@ -22,6 +22,7 @@ from .fragments import (
 )
 from .init import Init
 from .layout import GroupLayout, Slot
+from .offload.resources import check_offload_resources
 from .optimizer import ZeroOptimizer
 from .precision import DynamicLossScaler, LossScaler, Precision
 from .quantize import QuantSpec
@@ -46,6 +47,7 @@ __all__ = [
     "ZeroOptimizer",
     "ZeroPPSettings",
     "__version__",
+    "check_offload_resources",
     "convert_zero_checkpoint_to_fp32_state_dict",
     "estimate_zero2_model_states_mem_needs_all_cold",
     "estimate_zero2_model_states_mem_needs_all_live",
