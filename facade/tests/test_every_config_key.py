@@ -223,6 +223,8 @@ KEYS: dict[str, tuple] = {
     "wall_clock_breakdown": obs(f"{FACADE}/test_monitoring.py::test_csv_and_tensorboard_hold_the_loss_lr_and_timers_by_sample"),
     "dump_state": obs(f"{FACADE}/test_monitoring.py::test_flops_profile_comms_log_and_gc_switch"),
     "dataloader_drop_last": obs(f"{HERE}::test_engine_observations"),
+    "rank_watchdog.enabled": obs(f"{FACADE}/test_rank_watchdog.py::test_the_watchdog_is_on_by_default_with_its_timeout"),
+    "rank_watchdog.timeout": obs(f"{FACADE}/test_rank_watchdog.py::test_a_stopped_rank_is_named_and_the_job_ends"),
     # ---- autotuning (dstrain --autotuning)
     "autotuning.enabled": obs(f"{FACADE}/test_autotuning_e2e.py::test_autotuning_enabled_in_a_config_trains_as_configured"),
     "autotuning.results_dir": obs(AUTOTUNE_E2E),

@@ -52,6 +52,8 @@ class EngineAccessors:
         self._config = config
         self.config = config.to_dict()  # the resolved config as JSON data, as DeepSpeed's engine.config
         self.module = model
+        if config.rank_watchdog.enabled:  # a rank that stops answering is named and the job ends (dscomm.watchdog)
+            dscomm.watchdog.start(config.rank_watchdog.timeout)
         self.global_rank = parts.global_rank
         self.world_size = dscomm.get_world_size()
         self.local_rank = dscomm.get_local_rank()

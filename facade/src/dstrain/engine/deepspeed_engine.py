@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from dscomm import watchdog
 from dsconfig import DeepSpeedConfig
 
 from ..errors import DstrainError
@@ -48,6 +49,7 @@ class DeepSpeedEngine(EngineAccessors, torch.nn.Module):
 
     # ------------------------------------------------------------------ the loop
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
+        watchdog.record(f"engine forward of micro-step {self.micro_steps + 1} (step {self.global_steps + 1})")
         self.reporter.before_forward()
         timer = self.reporter.timer("fwd")
         timer.start()
@@ -80,6 +82,7 @@ class DeepSpeedEngine(EngineAccessors, torch.nn.Module):
         if not torch.is_tensor(loss) or loss.numel() != 1:
             raise DstrainError(f"engine.backward(loss) needs a one-element loss tensor, got "
                                f"{tuple(loss.shape) if torch.is_tensor(loss) else type(loss).__name__}")
+        watchdog.record(f"engine backward of micro-step {self.micro_steps + 1} (step {self.global_steps + 1})")
         self.reporter.record_loss(loss)
         timer = self.reporter.timer("bwd")
         timer.start()
@@ -107,6 +110,8 @@ class DeepSpeedEngine(EngineAccessors, torch.nn.Module):
         self._require_optimizer("step")
         progress, optimizer = self._progress, self.optimizer
         boundary = self.is_gradient_accumulation_boundary()
+        if boundary:
+            watchdog.record(f"engine optimizer step {self.global_steps + 1}")
         timer = self.reporter.timer("step")
         timer.start()
         progress.last_step_applied = False

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from dscomm import watchdog
 from dsconfig import ConfigError, DeepSpeedConfig, Problem
 from dsmonitor import events
 
@@ -113,6 +114,7 @@ class PipelineEngine(EngineAccessors, torch.nn.Module):
         started = time.perf_counter()
         timer = self.reporter.timer("step")
         timer.start()
+        watchdog.record(f"pipeline train_batch of step {self.global_steps + 1}")  # dspipe records each action
         loss = self.runtime.train_batch(self._batches(), self._seam, self.micro_batches)
         timer.stop()
         self.agg_train_loss = loss

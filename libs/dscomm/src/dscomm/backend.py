@@ -218,13 +218,14 @@ def destroy(synchronize: bool = True) -> None:
     its peers are gone. (The abort once seen at the exit of such scripts under load came from a gloo
     worker freeing a tensor during finalization; exit_settle.py handles that.)
     """
-    from . import groups
+    from . import groups, watchdog
 
     groups.reset()
     if is_initialized():
         if synchronize and dist.get_world_size() > 1:
             with contextlib.suppress(Exception):  # a peer already gone: leave anyway
                 dist.barrier()
+        watchdog.stop()  # this rank leaves on purpose: its peers stop watching it
         dist.destroy_process_group()
 
 

@@ -27,6 +27,7 @@ from .sections import (
     LegacyCurriculumConfig,
     OptimizerConfig,
     PipelineConfig,
+    RankWatchdogConfig,
     SchedulerConfig,
     TensorBoardConfig,
     TensorParallelConfig,
@@ -87,6 +88,9 @@ class DeepSpeedConfig:
     comet: CometConfig = section(CometConfig, "Comet monitor.")
     csv_monitor: CSVMonitorConfig = section(CSVMonitorConfig, "CSV monitor.")
     comms_logger: CommsLoggerConfig = section(CommsLoggerConfig, "Communication logging.")
+
+    rank_watchdog: RankWatchdogConfig = section(
+        RankWatchdogConfig, "dstrain's own: name a rank that stops answering and end the job (dscomm.watchdog).")
 
     checkpoint: CheckpointConfig = section(CheckpointConfig, "Checkpoint options.")
     compile: CompileConfig = section(CompileConfig, "DeepCompile compiler passes.")
