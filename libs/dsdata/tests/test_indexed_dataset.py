@@ -109,10 +109,11 @@ def _crafted(tmp_path, sizes, pointers, doc_idx, values=64, name="c"):
 @pytest.mark.parametrize(("sizes", "pointers", "message"), [
     # pointer + size * 8 wraps past int64: item 1 used to load empty, and flat() returned two items' values
     ([8, 8, 8], [0, 2**63 - 8, 64], "item 1 starts at byte 9223372036854775800 of .*starts at byte 64"),
-    ([8, 8, 8, 8], [0, 0, 0, 0], "item 1 starts at byte 0 .* starts at byte 64 \\(3 item\\(s\\) misplaced"),  # overlap
+    ([8, 8, 8, 8], [0, 0, 0, 0], "item 1 starts at byte 0 .* starts at byte 64 \\(offsets that overlap"),
     ([1, 1], [0, 16], "item 1 starts at byte 16 .* starts at byte 8"),  # a gap flat() would read
     ([1, 1], [8, 16], "item 0 starts at byte 8 .* starts at byte 0"),
-    ([2**31 - 1] * 5, [0] * 5, "take 85899345880 bytes, past the end"),
+    ([2**31 - 1] * 5, [0, 17179869176 * 1, 17179869176 * 2, 17179869176 * 3, 17179869176 * 4],
+     "the first 5 of 5 items take 85899345880 bytes, past the end"),
     ([4, -1], [0, 32], "item 1 has a negative length"),
 ])
 def test_item_offsets_off_the_back_to_back_layout_are_refused(tmp_path, sizes, pointers, message):
@@ -138,3 +139,13 @@ def test_well_formed_crafted_files_still_read(tmp_path):
     data = MMapIndexedDataset(_crafted(tmp_path, [2, 0, 3], [0, 16, 16], [0, 1, 3]))
     assert [data[i].tolist() for i in range(3)] == [[0, 1], [], [2, 3, 4]]
     assert data.flat().tolist() == [0, 1, 2, 3, 4] and data.doc_idx.tolist() == [0, 1, 3]
+
+
+def test_the_layout_is_checked_across_chunks(tmp_path, monkeypatch):
+    from dsdata import indexed_dataset
+
+    monkeypatch.setattr(indexed_dataset, "CHECK_CHUNK", 2)  # as a dataset of millions of items is checked
+    good = _crafted(tmp_path, [1, 2, 3, 4, 5], [0, 8, 24, 48, 80], [0, 5], name="good")
+    assert MMapIndexedDataset(good).flat().tolist() == list(range(15))
+    with pytest.raises(DataEfficiencyError, match=r"item 3 starts at byte 40 .* starts at byte 48"):
+        MMapIndexedDataset(_crafted(tmp_path, [1, 2, 3, 4, 5], [0, 8, 24, 40, 80], [0, 5], name="bad"))

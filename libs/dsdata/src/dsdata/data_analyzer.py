@@ -286,8 +286,9 @@ class DataAnalyzer:
     def run_map_reduce(self, comm_group: Any = None) -> None:
         """run_map on every worker, then worker 0 reduces; collective over `comm_group` when distributed."""
         distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-        # Every worker's parts under one run id: the given one, or one worker 0 makes for this run.
-        self._agreed_run_id = _agreed_run_id(comm_group) if distributed and self.run_id is None else None
+        # Every worker's parts under one run id: the given one, or one worker 0 makes for this run (agreed on
+        # every rank alike, so that a run_id given to some ranks only cannot leave the others in a collective).
+        self._agreed_run_id = _agreed_run_id(comm_group) if distributed else None
         try:
             self.run_map()
         finally:

@@ -274,33 +274,32 @@ def _read_index(path: str) -> tuple[np.dtype, np.ndarray, np.ndarray, np.ndarray
     return DTYPE_CODES[code], sizes, pointers, doc_idx
 
 
+CHECK_CHUNK = 1 << 22  # items checked at a time: a few arrays of this many int64, whatever the dataset's size
+
+
 def _check_layout(index: str, data: str, dtype: np.dtype, sizes: np.ndarray, pointers: np.ndarray,
                   doc_idx: np.ndarray, data_bytes: int) -> None:
     """Every item where the format puts it: back to back from byte 0 (what `flat()` and the sampler read),
     within the `.bin`; document boundaries ascending within the items. Checked in whole-array steps."""
     count = int(sizes.size)
-    if count:
-        if int(sizes.min()) < 0:
-            raise DataEfficiencyError(f"{index}: item {int(np.argmax(sizes < 0))} has a negative length "
-                                      f"({int(sizes.min())})")
-        # Lengths are int32 and a value at most 8 bytes, so each step is below 2**34: a running sum past int64
-        # would show as a decrease, never as a plausible offset.
-        ends = np.cumsum(sizes.astype(np.int64) * dtype.itemsize)
-        if count > 1 and bool((np.diff(ends) < 0).any()):
-            raise DataEfficiencyError(f"{index}: the item lengths add up to more than 2**63 bytes")
-        if int(ends[-1]) > data_bytes:
-            raise DataEfficiencyError(f"{index}: the {count} items take {int(ends[-1])} bytes, past the end of "
-                                      f"{data} ({data_bytes} bytes)")
-        misplaced = np.flatnonzero(pointers[1:] != ends[:-1]) + 1
-        if int(pointers[0]) != 0:
-            misplaced = np.concatenate([[0], misplaced])
+    if count and int(sizes.min()) < 0:
+        raise DataEfficiencyError(f"{index}: item {int(np.argmax(sizes < 0))} has a negative length "
+                                  f"({int(sizes.min())})")
+    offset = 0  # where the next item starts; a stretch adds at most CHECK_CHUNK * 2**34 bytes: no int64 overflow
+    for begin in range(0, count, CHECK_CHUNK):
+        lengths = sizes[begin:begin + CHECK_CHUNK].astype(np.int64) * dtype.itemsize
+        ends = np.cumsum(lengths) + offset
+        misplaced = np.flatnonzero(pointers[begin:begin + CHECK_CHUNK] != ends - lengths)
         if misplaced.size:
-            first = int(misplaced[0])
-            expected = int(ends[first - 1]) if first else 0
+            item = begin + int(misplaced[0])
             raise DataEfficiencyError(
-                f"{index}: item {first} starts at byte {int(pointers[first])} of {data}, but items are stored back to "
-                f"back, so it starts at byte {expected} ({misplaced.size} item(s) misplaced: the offsets overlap, "
-                f"leave gaps or overflow)")
+                f"{index}: item {item} starts at byte {int(pointers[item])} of {data}, but items are stored back to "
+                f"back, so it starts at byte {int(ends[misplaced[0]] - lengths[misplaced[0]])} (offsets that "
+                f"overlap, leave gaps or overflow are refused)")
+        offset = int(ends[-1])
+        if offset > data_bytes:
+            raise DataEfficiencyError(f"{index}: the first {begin + lengths.size} of {count} items take {offset} "
+                                      f"bytes, past the end of {data} ({data_bytes} bytes)")
     if doc_idx.size == 0:
         raise DataEfficiencyError(f"{index}: no document boundaries (the format starts them with 0)")
     if int(doc_idx[0]) != 0 or bool((np.diff(doc_idx) < 0).any()) or int(doc_idx[-1]) > count:
