@@ -4,6 +4,7 @@ leaves on purpose is not named, and a busy one keeps beating."""
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -72,9 +73,7 @@ def test_a_world_of_one_has_no_watchdog():
     assert watchdog.start(timeout_s=1.0) is None
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SIGSTOP and /proc")
-def test_a_stopped_rank_ends_the_job_on_every_rank_naming_it(tmp_path):
-    init, world = str(tmp_path / "rendezvous"), 3
+def _stop_one(tmp_path, init, world, stopped):
     procs = [subprocess.Popen([sys.executable, str(HERE / "watchdog_worker.py"), str(rank), str(world), init],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in range(world)]
     outputs = {}
@@ -82,21 +81,41 @@ def test_a_stopped_rank_ends_the_job_on_every_rank_naming_it(tmp_path):
         for proc in procs:
             assert proc.stdout.readline().strip() == "ready", proc.communicate(timeout=60)
         time.sleep(0.5)  # a few steps and heartbeats
-        os.kill(procs[1].pid, signal.SIGSTOP)
+        os.kill(procs[stopped].pid, signal.SIGSTOP)
         stopped_at = time.monotonic()
-        for rank in (0, 2):
-            outputs[rank] = procs[rank].communicate(timeout=60)
+        for rank in range(world):
+            if rank != stopped:
+                outputs[rank] = procs[rank].communicate(timeout=60)
         took = time.monotonic() - stopped_at
     finally:
         for proc in procs:
             proc.kill()
             proc.communicate()
     assert took < 20, f"the other ranks took {took:.0f} s to end (watchdog timeout 3 s)"
-    for rank in (0, 2):
-        proc, (_, err) = procs[rank], outputs[rank]
-        assert proc.returncode == watchdog.STALL_EXIT_CODE, (rank, proc.returncode, err[-3000:])
+    for rank, (_, err) in outputs.items():
+        assert procs[rank].returncode == watchdog.STALL_EXIT_CODE, (rank, procs[rank].returncode, err[-3000:])
+    return procs, {rank: err for rank, (_, err) in outputs.items()}
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SIGSTOP and /proc")
+def test_a_stopped_rank_ends_the_job_on_every_rank_naming_it(tmp_path):
+    procs, errors = _stop_one(tmp_path, str(tmp_path / "rendezvous"), 3, stopped=1)
+    for rank, err in errors.items():
         line = next((line for line in err.splitlines() if "stopped answering" in line), err[-3000:])
         assert f"rank 1 (process {procs[1].pid} on " in line and "stopped (SIGSTOP)" in line, line
         assert "At its last heartbeat it was doing: training step " in line and " on rank 1 (for " in line, line
         assert "all_reduce over the world group of ranks [0, 1, 2]" in line, line
         assert f"dscomm watchdog on rank {rank}:" in line, line
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SIGSTOP and /proc")
+def test_a_stopped_rank_hosting_the_store_ends_the_job_too(tmp_path):
+    # Launched without torchrun, rank 0 hosts the TCPStore: stopped, it blocks every store request.
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    _, errors = _stop_one(tmp_path, f"127.0.0.1:{port}", 2, stopped=0)
+    line = next((line for line in errors[1].splitlines() if "stopped answering" in line), errors[1][-3000:])
+    assert line.startswith("ERROR dscomm: dscomm watchdog on rank 1: "), line
+    assert "rank 0 (process " in line or "store stopped answering for 3 s (watchdog timeout 3 s): its host, rank 0" in line, \
+        line

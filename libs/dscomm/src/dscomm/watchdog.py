@@ -161,6 +161,8 @@ class Watchdog:
         self.pid = os.getpid()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._round_began: float | None = None  # when the heartbeat's store round in progress began
+        self._spoke = threading.Lock()  # one verdict per process, from either thread
 
     def key(self, what: str, rank: int | None = None) -> str:
         return f"{self.prefix}/{what}" if rank is None else f"{self.prefix}/{what}/{rank}"
@@ -169,6 +171,8 @@ class Watchdog:
         self.store.set(self.key("who", self.rank), f"{socket.gethostname()} {os.getpid()}")
         self._thread = threading.Thread(target=self._run, name="dscomm-watchdog", daemon=True)
         self._thread.start()
+        # A store whose host is stopped blocks a request far beyond the store's timeout: this thread notices.
+        threading.Thread(target=self._judge_the_store, name="dscomm-watchdog-store", daemon=True).start()
         atexit.register(self.stop)
 
     def stop(self) -> None:
@@ -178,6 +182,8 @@ class Watchdog:
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=self.interval_s * 2 + 1)  # its last beat is counted before we say we left
+            if self._thread.is_alive():
+                return  # stuck in a request to an unanswering store: another one would hang this exit
         with contextlib.suppress(Exception):  # the store may be gone already: the peers then fail anyway
             # Left at this count: silent at it, the rank is not watched; a watchdog started again beats past it.
             self.store.set(self.key("done", self.rank), str(self.store.add(self.key("beat", self.rank), 0)))
@@ -187,19 +193,42 @@ class Watchdog:
         last_answer = time.monotonic()
         seen = {peer: (-1, last_answer) for peer in self.peers}  # peer -> (its counter, when it last moved)
         while not self._stop.is_set():
+            self._round_began = time.monotonic()
             try:
-                verdict = self._beat_and_watch(seen, time.monotonic())
+                verdict = self._beat_and_watch(seen, self._round_began)
                 last_answer = time.monotonic()
-            except Exception as exc:  # the store's own (short) timeout: judged here
+            except Exception as exc:
+                if _closed(exc):  # its host exited (a rank that finished first): gone, not stopped; nothing to watch
+                    log.info("dscomm watchdog on rank %d: the process group's store closed; watching ends", self.rank)
+                    return
                 silent = time.monotonic() - last_answer
-                verdict = None if silent < self.timeout_s else (
-                    f"the process group's store stopped answering for {silent:.0f} s (the rank or launcher hosting "
-                    f"it stopped or died): {str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r}")
-            if verdict is not None and not self._stop.is_set():
-                self.on_stall(f"dscomm watchdog on rank {self.rank}: {verdict}; ending this rank (exit code "
-                              f"{STALL_EXIT_CODE}) instead of waiting out the process group's timeout")
+                verdict = None if silent < self.timeout_s else self._store_verdict(silent, exc)
+            finally:
+                self._round_began = None
+            if verdict is not None:
+                self._speak(verdict)
                 return
             self._stop.wait(self.interval_s)
+
+    def _judge_the_store(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            began = self._round_began
+            if began is not None and time.monotonic() - began >= self.timeout_s:
+                self._speak(self._store_verdict(time.monotonic() - began, None))
+                return
+
+    def _store_verdict(self, silent_s: float, exc: BaseException | None) -> str:
+        cause = f": {str(exc).strip().splitlines()[0]}" if exc is not None and str(exc).strip() else ""
+        host = "torchrun's agent" if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" else "rank 0"
+        return (f"the process group's store stopped answering for {silent_s:.0f} s (watchdog timeout "
+                f"{self.timeout_s:g} s): its host, {host} (or the machine it runs on), is stopped or unreachable"
+                f"{cause}")
+
+    def _speak(self, verdict: str) -> None:
+        if self._stop.is_set() or not self._spoke.acquire(blocking=False):
+            return
+        self.on_stall(f"dscomm watchdog on rank {self.rank}: {verdict}; ending this rank (exit code "
+                      f"{STALL_EXIT_CODE}) instead of waiting out the process group's timeout")
 
     def _beat_and_watch(self, seen: dict[int, tuple[int, float]], now: float) -> str | None:
         store = self.store
@@ -241,6 +270,13 @@ class Watchdog:
             return self.store.get(key).decode(errors="replace") if self.store.check([key]) else None
         except Exception:  # the message does without it
             return None
+
+
+def _closed(exc: BaseException) -> bool:
+    """Whether a store request failed because the store's host closed the connection (exited), not timed out."""
+    text = str(exc).lower()
+    return any(words in text for words in ("connection was likely closed", "broken pipe", "connection reset",
+                                           "connection refused"))
 
 
 def _process_state(host: str, pid: str) -> str:
