@@ -13,16 +13,21 @@ DeepSpeed is installed and DSTRAIN_DEEPSPEED_ALIAS is not "0"), so an unchanged 
 of the node's cores, before torch starts any thread, and sets OMP_NUM_THREADS to the share's size:
 through numactl where installed (which also binds memory to the share's NUMA node), else with
 sched_setaffinity.
+
+The rank arms a parent-death signal (SIGTERM when torchrun dies, however it dies), so a node whose
+torchrun was killed outright does not keep its ranks running.
 """
 
 import importlib.util
 import os
 import runpy
 import shutil
+import signal
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _cores  # a sibling file: this script runs by path
+import _cores  # sibling files: this script runs by path
+import _proctree
 
 del sys.path[0]  # the script's own imports must not see the launcher's folder
 
@@ -54,6 +59,10 @@ def bind_to_share(spec: str, argv_after: list[str]) -> None:
 
 
 def main() -> None:
+    # torchrun killed outright (its keeper and agent too) must not leave this rank running: SIGTERM
+    # then, which a script may handle (monitors flush) before it exits. The rank's own helpers are the
+    # subreapers' to stop (_proctree.sweep).
+    _proctree.set_parent_death_signal(signal.SIGTERM)
     args = sys.argv[1:]
     local_rank, module = True, False
     while args and args[0] in ("--no_local_rank", "--module", "--bind_cores"):
