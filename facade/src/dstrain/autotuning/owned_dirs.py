@@ -59,10 +59,15 @@ class OwnedDir:
         try:
             made = False
             if not os.path.lexists(path):
-                os.makedirs(path.parent, exist_ok=True)
-                with contextlib.suppress(FileExistsError):  # made meanwhile: checked below like any other
-                    os.mkdir(path)
+                try:
+                    try:
+                        os.mkdir(path)
+                    except FileNotFoundError:  # its parents first (they are the user's path)
+                        os.makedirs(path.parent, exist_ok=True)
+                        os.mkdir(path)
                     made = True
+                except FileExistsError:
+                    pass  # made meanwhile: checked below like any other
             st = os.lstat(path)
             if stat.S_ISLNK(st.st_mode):
                 raise refuse(f"is a symbolic link (to {os.readlink(path)!r}); the autotuner writes only into a "
