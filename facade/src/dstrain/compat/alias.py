@@ -8,6 +8,11 @@ Two tables use it:
   `dstrain.pipe`, `dstrain.moe`, `dstrain.runtime`, ...), whose modules live in this `compat`
   package; registered by `import dstrain`, so `from dstrain.moe.layer import MoE` keeps working.
 
+A library behind a mapped path (`dspipe` for `deepspeed.pipe`, `dstrain` itself for `deepspeed`) that a
+module of the same name beside the script would stand in for (`python script.py` puts the script's folder
+first on sys.path) is an ImportError naming that file, not a confusing failure inside dstrain, nor a
+user's module silently used as dstrain's.
+
 This module imports nothing but the standard library: the launcher registers it before torch loads.
 """
 
@@ -16,6 +21,8 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import importlib.machinery
+import os
+import sys
 from types import ModuleType
 
 _C = "dstrain.compat"
@@ -69,6 +76,57 @@ PUBLIC_PATHS: dict[str, str] = {
 _PROVIDERS = {"dstrain.pipe": "dspipe", "dstrain.moe": "dsmoe", f"{_C}.pipe": "dspipe", f"{_C}.moe": "dsmoe"}
 
 
+def libraries_behind(target: str) -> list[str]:
+    """The top-level packages serving `target`: its own, and the optional library it is built on."""
+    found = [target.split(".")[0]]
+    found += [lib for prefix, lib in _PROVIDERS.items() if target == prefix or target.startswith(prefix + ".")]
+    return list(dict.fromkeys(found))
+
+
+def script_folder() -> str:
+    """The folder `python script.py` puts first on sys.path (the working directory for -c, -m and the REPL)."""
+    first = sys.path[0] if sys.path else ""
+    return os.path.abspath(first or os.getcwd())
+
+
+def _inside(path: str, folder: str) -> bool:
+    return os.path.dirname(os.path.abspath(path)) == folder or (
+        os.path.basename(path) == "__init__.py" and os.path.dirname(os.path.dirname(os.path.abspath(path))) == folder)
+
+
+def _found_elsewhere(name: str, folder: str) -> bool:
+    """Whether `name` is also importable from somewhere other than `folder` (where it is installed)."""
+    rest = [p for p in sys.path if os.path.abspath(p or os.getcwd()) != folder]
+    if importlib.machinery.PathFinder.find_spec(name, rest) is not None:
+        return True
+    for finder in sys.meta_path:
+        if finder is importlib.machinery.PathFinder or getattr(finder, "root", None) is not None:
+            continue  # the path was searched above; alias finders serve other names
+        try:
+            spec = finder.find_spec(name, None)
+        except (ImportError, AttributeError, TypeError, ValueError):
+            continue
+        if spec is not None and not (spec.origin and _inside(spec.origin, folder)):
+            return True
+    return False
+
+
+def shadowing_file(library: str) -> str | None:
+    """The file of a module named `library` beside the script that stands (or would stand) in for the installed
+    library: already imported from the script's folder, or found there first. None when there is none, or when
+    the script's folder is where the library lives (nothing else provides it)."""
+    folder = script_folder()
+    module = sys.modules.get(library)
+    if module is not None:
+        origin = getattr(module, "__file__", None)
+    else:
+        spec = importlib.machinery.PathFinder.find_spec(library, [folder])
+        origin = spec.origin if spec is not None else None
+    if not origin or origin == "namespace" or not _inside(origin, folder):
+        return None
+    return origin if _found_elsewhere(library, folder) else None
+
+
 class ModuleAlias(importlib.abc.Loader):
     """Loads a name as the module `target` (imported, or taken from sys.modules): one object, two names."""
 
@@ -77,6 +135,12 @@ class ModuleAlias(importlib.abc.Loader):
         self._own_spec: importlib.machinery.ModuleSpec | None = None
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        for library in libraries_behind(self.target):
+            local = shadowing_file(library)
+            if local is not None:
+                raise ImportError(f"{spec.name} is served by dstrain's {library} library, but {local} has the same "
+                                  f"name and would be imported in its place (the script's folder comes first on "
+                                  f"sys.path, as `python script.py` puts it): rename that file", name=spec.name)
         try:
             module = importlib.import_module(self.target)
         except ModuleNotFoundError:

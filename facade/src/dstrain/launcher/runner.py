@@ -5,6 +5,12 @@ failing node's exit code is returned), or when the launcher receives SIGINT, SIG
 (everything is stopped and 128 + signal is returned). Stopping closes each node's stdin and sends
 it SIGTERM; its agent stops its ranks and exits; whatever still runs after the grace period is
 killed from a snapshot of the process tree.
+
+The launcher is a child subreaper while it runs a job: when a node agent dies (even by SIGKILL), its
+keeper, torchrun and the ranks are re-parented here rather than to init, and the launcher does not
+return before they are gone (it SIGTERMs what it adopts, SIGKILLs what is left after the grace
+period). Each node process has a parent-death signal (SIGTERM), so a launcher that dies stops its
+nodes too: the agents also watch their stdin, whose other end only the launcher holds.
 """
 
 from __future__ import annotations
@@ -99,7 +105,8 @@ class Supervisor:
                 # then stops every node the same way, whatever shell or tty it was started from.
                 out = subprocess.PIPE if self.prefix else None
                 proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=out, stderr=out, env=env,
-                                        cwd=self.job.cwd, start_new_session=True)
+                                        cwd=self.job.cwd, start_new_session=True,
+                                        preexec_fn=_proctree.dies_with_parent(signal.SIGTERM))
             except OSError as exc:
                 self.stop()
                 raise LaunchError(f"cannot start node {node.rank} ({node.host}): {exc}") from exc
@@ -136,9 +143,9 @@ class Supervisor:
         return 0
 
     def stop(self) -> None:
-        tree = []
-        for _, proc in self.procs:
-            tree += _proctree.with_start_time(proc.pid) + _proctree.descendants(proc.pid)
+        # Before signalling: afterwards the links break. What we adopted (a killed agent's keeper,
+        # torchrun, ranks) is below us too.
+        tree = _proctree.descendants(os.getpid())
         for _, proc in self.procs:
             if proc.poll() is None:
                 try:
@@ -147,10 +154,10 @@ class Supervisor:
                     proc.terminate()
                 except OSError:
                     pass
-        leftover = _proctree.wait_gone(tree, self.job.grace + 5.0)
-        if leftover:
-            _say(f"{len(leftover)} process(es) did not stop within {self.job.grace + 5.0:.0f} s; killing them")
-            _proctree.kill_all(leftover)
+        # Each node stops its own tree; anything re-parented to us (its node agent died) gets SIGTERM at once.
+        killed = _proctree.sweep(tree, self.job.grace + 5.0, own=tuple(proc.pid for _, proc in self.procs))
+        if killed:
+            _say(f"{len(killed)} process(es) did not stop within {self.job.grace + 5.0:.0f} s; killed them")
         for _, proc in self.procs:
             try:
                 proc.wait(timeout=5)
@@ -162,6 +169,7 @@ class Supervisor:
 
     def run(self) -> int:
         previous = {sig: signal.signal(sig, self._on_signal) for sig in STOP_SIGNALS}
+        _proctree.become_subreaper()  # orphans of the job come to us, not to init (see the module's docstring)
         try:
             self.start()
             return self.wait()
