@@ -14,6 +14,7 @@ from .checkpoint import (
     load,
     load_state_dict,
     load_with_metadata,
+    read_metadata,
     save,
     save_state_dict,
 )
@@ -36,6 +37,7 @@ __all__ = [
     "load_state_dict",
     "load_with_metadata",
     "new_cpu_locked_tensor",
+    "read_metadata",
     "save",
     "save_state_dict",
 ]
