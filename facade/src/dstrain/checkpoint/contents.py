@@ -30,5 +30,6 @@ class WholeCheckpoint:
     progress: dict[str, int] = field(default_factory=dict)  # global_steps, global_samples, micro_steps, skipped_steps
     loss_scaler: dict[str, Any] | None = None  # fp16: cur_scale and the counters of the dynamic scaler
     step_hooks: dict[str, Any] = field(default_factory=dict)  # {hook name: state}: curriculum, random-LTD
+    left_out: list[str] = field(default_factory=list)  # module names the save left out on purpose (frozen ones)
     source: str = "dstrain"  # who wrote it: "dstrain", "deepspeed", "universal" (for messages)
     path: str = ""  # where it was read from (for messages)
