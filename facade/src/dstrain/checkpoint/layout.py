@@ -148,7 +148,7 @@ class SavedLayout:
         tp_size, plan_json = 1, None
         if tp is not None:
             tp_size = tp.get("size") if isinstance(tp, dict) else tp
-            if not _degree(tp_size) or not isinstance(tp.get("plan"), str):
+            if not _degree(tp_size) or not isinstance(tp, dict) or not isinstance(tp.get("plan"), str):
                 raise CheckpointLoadError(f"{where}: tp_size = {tp_size!r} is not a tensor-parallel degree "
                                           f"(1..{MAX_DEGREE}) with a plan")
             plan_json = tp["plan"]

@@ -67,6 +67,7 @@ class OptimizerState:
         whole.parameters = {name: {kind: layout.merge(name, pieces, plan) for kind, pieces in kinds.items()}
                             for name, kinds in by_name.items()}
         if meta is not None:
+            whole.param_groups = [dict(group) for group in meta.get("param_groups", []) if isinstance(group, dict)]
             whole.loss_scaler = meta.get("scaler")
             whole.progress["skipped_steps"] = int(meta.get("skipped_steps", 0))
 
@@ -110,6 +111,30 @@ class OptimizerState:
             states[name] = {kind: self.layout.cut(name, tensor) for kind, tensor in kinds.items()}
         load_parameter_states(zero, states, whole.scalars if with_states else {}, load_optimizer_states=with_states)
         if with_states:
+            _set_hyperparameters(zero.param_groups, whole.param_groups)
             if whole.loss_scaler is not None:
                 zero.scaler.load_state_dict(whole.loss_scaler)
             zero.skipped_steps = int(whole.progress.get("skipped_steps", zero.skipped_steps))
+
+
+def _set_hyperparameters(groups: list[dict[str, Any]], saved: list[dict[str, Any]]) -> None:
+    """The saved groups' numeric hyperparameters (lr, betas, weight_decay, ...) onto the optimizer's groups:
+    by position when there are as many; else those every saved group agrees on, onto every group (another
+    layout may split the parameters into other groups, e.g. tensor-parallel shards beside replicated ones)."""
+    if not saved:
+        return
+    if len(saved) == len(groups):
+        pairs = list(zip(groups, saved))
+    else:
+        shared = {key: value for key, value in saved[0].items() if all(s.get(key) == value for s in saved)}
+        pairs = [(group, shared) for group in groups]
+    for group, hyper in pairs:
+        for key, value in hyper.items():
+            if key in group and key != "params" and _numeric(group[key]) and _numeric(value):
+                group[key] = tuple(value) if isinstance(group[key], tuple) else value
+
+
+def _numeric(value: Any) -> bool:
+    if isinstance(value, (list, tuple)):
+        return bool(value) and all(_numeric(v) for v in value)
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -21,7 +21,8 @@ def checkpoint_parts(parts: TrainingParts, layout: RunLayout, *, client_state: d
     return [ModuleWeights(layout, partitioned=zero is not None and zero.partitions_parameters,
                           exclude_frozen=exclude_frozen),
             OptimizerState(zero, layout), SchedulerState(parts.lr_scheduler), StepHookStates(parts.step_hooks),
-            ClientState(client_state), Progress(parts.progress), RankState(parts.training_dataloader, layout)]
+            ClientState(client_state),
+            Progress(parts.progress, parts.config.gradient_accumulation_steps), RankState(parts.training_dataloader, layout)]
 
 
 # Reading whole: ZeRO's state first, since at stage 3 the module's trained weights are its masters.

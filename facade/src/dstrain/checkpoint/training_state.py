@@ -91,12 +91,15 @@ class StepHookStates:
 
 
 class Progress:
-    """global_steps, global_samples, micro_steps: the same on every rank (each rank's file holds them)."""
+    """global_steps, global_samples, micro_steps: the same on every rank (each rank's file holds them).
+    micro_steps decides where the next accumulation boundary falls: one saved at another
+    gradient_accumulation_steps (or mid-accumulation) restarts the accumulation, as global_steps x gas."""
 
     holds_tensors: ClassVar[bool] = False
 
-    def __init__(self, progress: TrainingProgress):
+    def __init__(self, progress: TrainingProgress, accumulation_steps: int):
         self.progress = progress
+        self.accumulation_steps = max(int(accumulation_steps), 1)
 
     def save(self, out: SaveTarget) -> None:
         out.rank.update(self.progress.state_dict())
@@ -109,8 +112,12 @@ class Progress:
     def load(self, source: LoadSource, options: LoadOptions) -> None:
         if options.module_only:
             return
-        saved = {name: source.whole.progress[name] for name in PROGRESS if name in source.whole.progress}
-        self.progress.load_state_dict({**self.progress.state_dict(), **saved})
+        state = {**self.progress.state_dict(),
+                 **{name: source.whole.progress[name] for name in PROGRESS if name in source.whole.progress}}
+        micro, steps = state["micro_steps"], state["global_steps"]
+        if not isinstance(micro, int) or micro % self.accumulation_steps:
+            state["micro_steps"] = steps * self.accumulation_steps if isinstance(steps, int) else micro
+        self.progress.load_state_dict(state)
 
 
 class RankState:
