@@ -49,6 +49,13 @@ class SavedCheckpoint:
         """(place, directory) of every saved rank directory, in rank order."""
         return self.layout.directories(self.path)
 
+    def first_directory(self) -> Path:
+        """The first saved rank directory this disk holds (with node-local storage a node holds only its own)."""
+        for place in self.layout.places():
+            if (directory := place_directory(self.path, place)).is_dir():
+                return directory
+        raise CheckpointLoadError(f"{self.path}: none of its rank directories is here")
+
     def directory_of(self, place: dict[str, list[int]]) -> Path:
         return place_directory(self.path, place)
 

@@ -106,7 +106,7 @@ class Progress:
 
     @staticmethod
     def read(saved: SavedCheckpoint, whole: WholeCheckpoint) -> None:
-        _, state = saved.rank_state(saved.directories()[0][1], 0)
+        _, state = saved.rank_state(saved.first_directory(), 0)
         whole.progress.update({name: state[name] for name in PROGRESS if name in state})
 
     def load(self, source: LoadSource, options: LoadOptions) -> None:
@@ -142,7 +142,7 @@ class RankState:
         if options.module_only or saved is None:
             return
         same_world = source.same_layout and saved.layout.dp_size == self.layout.dp_size
-        directory = saved.directory_of(self.layout.place()) if source.same_layout else saved.directories()[0][1]
+        directory = saved.directory_of(self.layout.place()) if source.same_layout else saved.first_directory()
         read, state = saved.rank_state(directory, self.layout.dp_rank if same_world else 0)
         same_rank = same_world and read == self.layout.dp_rank
         if self.loader is not None and state.get("loader") is not None:
