@@ -27,9 +27,8 @@ from dszero.checkpoint.shard_index import SHARD_PATTERN, ShardIndex
 
 from ..errors import CheckpointLoadError
 from ..wiring.optional_libs import LazyLibrary, imported
+from .contents import MASTER
 from .files import parse_expert_file
-
-MASTER = "master"  # dszero's key of the fp32 master weights among a parameter's states
 
 # dsmoe is optional: a model holds MoE or AutoEP layers only once dsmoe is imported.
 dsmoe = LazyLibrary("dsmoe", "MoE layers")

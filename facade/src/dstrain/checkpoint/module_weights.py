@@ -24,7 +24,8 @@ import dsaio
 import dszero
 
 from ..errors import CheckpointLoadError, DstrainError
-from .experts import MASTER, expert_state_names, load_expert_files, read_expert_files, save_expert_files
+from .contents import MASTER
+from .experts import expert_state_names, load_expert_files, read_expert_files, save_expert_files
 from .files import MODEL_FILE, ZERO_DIR, parse_layer_file
 from .saved import EXCLUDED_FROZEN
 

@@ -19,7 +19,8 @@ import dszero
 from dszero.checkpoint import load_parameter_states, read_meta, read_parameter_states, recording
 
 from ..errors import CheckpointLoadError
-from .experts import MASTER, whole_stacked_states
+from .contents import MASTER
+from .experts import whole_stacked_states
 from .files import ZERO_DIR
 
 if TYPE_CHECKING:
