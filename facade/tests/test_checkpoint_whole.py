@@ -105,3 +105,33 @@ def test_step_hook_state_travels_in_tensor_parallel_checkpoints(tmp_path):
     for saved, restored in run_ranks(tensor_parallel_hooks, 2, str(tmp_path), timeout=180):
         assert restored["fresh"] != saved, saved  # three steps moved the schedule
         assert restored[2] == saved and restored[1] == saved
+
+
+def crafted_whole(rank, world, root):
+    from dstrain.checkpoint import WholeCheckpoint
+
+    engine, *_ = dstrain.initialize(model=make_model(), config=config(stage=1, optimizer=ADAMW))
+    before = _weights(engine)
+    module = {name: torch.zeros_like(value) for name, value in make_model().state_dict().items()}
+    module["head.bias"] = torch.zeros(3)  # the wrong shape, after every other weight
+    wrong_moment = {"master": torch.zeros(48, 24), "exp_avg": torch.zeros(24, 48)}
+    messages = []
+    for whole in (WholeCheckpoint(module=module, parameters={}, source="crafted"),
+                  WholeCheckpoint(module={**module, "head.bias": torch.zeros(48)},
+                                  parameters={"head.weight": wrong_moment}, source="crafted")):
+        FOREIGN_READERS[:] = [ForeignReader("crafted", detect=lambda d: True, read=lambda d, w=whole: w)]
+        Path(root, "x").mkdir(exist_ok=True)
+        try:
+            engine.load_checkpoint(root, tag="x")
+            messages.append("loaded")
+        except dstrain.CheckpointLoadError as exc:
+            messages.append(str(exc))
+    after = _weights(engine)
+    return messages, all(torch.equal(before[name], after[name]) for name in before)
+
+
+def test_a_whole_checkpoint_that_does_not_fit_loads_nothing(tmp_path):
+    (bias, moment), untouched = run_ranks(crafted_whole, 1, str(tmp_path), timeout=60)[0]
+    assert "head.bias is (3,)" in bias and "(48,)" in bias and "nothing was loaded" in bias, bias
+    assert "head.weight: its exp_avg is (24, 48) but its weight (48, 24)" in moment, moment
+    assert untouched

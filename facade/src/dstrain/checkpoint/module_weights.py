@@ -223,14 +223,13 @@ def apply_module_state(layout: RunLayout, tensors: dict[str, torch.Tensor], *, s
         if strict and missing:
             raise CheckpointLoadError(f"{where or 'the checkpoint'} does not hold {_few(missing)} "
                                       f"(load_module_strict=False loads the rest)")
-        for name, target in targets.items():
-            if name not in tensors:
-                continue
-            value = layout.cut(name, tensors[name])
-            if tuple(value.shape) != tuple(target.shape):
+        values = {name: layout.cut(name, tensors[name]) for name in targets if name in tensors}
+        for name, value in values.items():  # every shape checked before anything is copied
+            if tuple(value.shape) != tuple(targets[name].shape):
                 raise CheckpointLoadError(f"{where}: {name} is {tuple(value.shape)} for this rank's layout, but the "
-                                          f"model holds {tuple(target.shape)}")
-            target.data.copy_(value.to(target.dtype))
+                                          f"model holds {tuple(targets[name].shape)}; nothing was loaded")
+        for name, value in values.items():
+            targets[name].data.copy_(value.to(targets[name].dtype))
 
 
 def _few(names: list[str]) -> str:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import dscomm
 
+from ..errors import CheckpointLoadError
 from ..logs import log_on_rank0
 from .contents import WholeCheckpoint
 from .files import COMMON_FILE
@@ -68,9 +69,22 @@ def load_whole(parts: TrainingParts, whole: WholeCheckpoint, *, load_module_stri
 
 def apply(parts: TrainingParts, source: LoadSource, options: LoadOptions) -> None:
     """Every part of the run loads from `source` (collective)."""
+    if not source.same_layout:
+        check_consistent(source.whole)
     layout = RunLayout.of(parts)
     for part in checkpoint_parts(parts, layout):
         part.load(source, options)
     dscomm.barrier(group=layout.world_group)
     how = "at its own layout" if source.same_layout else f"whole ({source.whole.source}), cut for this layout"
     log_on_rank0(parts.global_rank, f"loaded checkpoint {source.whole.path} {how} (step {parts.progress.global_steps})")
+
+
+def check_consistent(whole: WholeCheckpoint) -> None:
+    """Every parameter's master and optimizer states have its weight's shape (checked before the run is
+    touched, so a bad checkpoint loads nothing)."""
+    for name, kinds in whole.parameters.items():
+        for kind, tensor in kinds.items():
+            weight = whole.module.get(name)
+            if weight is not None and tuple(tensor.shape) != tuple(weight.shape) and tensor.dim():
+                raise CheckpointLoadError(f"{whole.path or whole.source}: {name}: its {kind} is {tuple(tensor.shape)} "
+                                          f"but its weight {tuple(weight.shape)}; nothing was loaded")
