@@ -76,6 +76,9 @@ class SavedCheckpoint:
 
 def read_common(path: Path) -> dict[str, Any]:
     common = dsaio.load_state_dict(path)
+    if isinstance(common, dict) and "layout" not in common and {"lr_scheduler", "client_state"} <= set(common):
+        raise CheckpointLoadError(f"{path}: written by an older dstrain, which recorded neither the layout nor what "
+                                  f"each file is; load it with that version and save it again")
     if not isinstance(common, dict) or not set(_COMMON_KEYS) <= set(common):
         raise CheckpointLoadError(f"{path}: not a dstrain engine file (expected the keys {sorted(_COMMON_KEYS)})")
     excluded = common.get(EXCLUDED_FROZEN, [])
