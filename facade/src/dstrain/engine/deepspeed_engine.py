@@ -167,7 +167,7 @@ class DeepSpeedEngine(EngineAccessors, torch.nn.Module):
                         exclude_frozen_parameters: bool = False) -> bool:
         """Save the training state under `save_dir/<tag>` (collective); exclude_frozen_parameters leaves
         the parameters with requires_grad False out of the module file."""
-        from ..checkpoint.engine_checkpoint import save_checkpoint
+        from ..checkpoint import save_checkpoint
 
         self._require_optimizer("save_checkpoint")
         return save_checkpoint(self._parts, save_dir, tag, client_state or {}, save_latest,
@@ -178,7 +178,7 @@ class DeepSpeedEngine(EngineAccessors, torch.nn.Module):
                         custom_load_fn=None) -> tuple[str | None, Any]:
         """Load a checkpoint (collective): (its path, the client state), or (None, None) when there is none.
         custom_load_fn(src=<saved module state>, dst=<module>) replaces the module's own loading."""
-        from ..checkpoint.engine_checkpoint import load_checkpoint
+        from ..checkpoint import load_checkpoint
 
         return load_checkpoint(self._parts, load_dir, tag, load_module_strict=load_module_strict,
                                load_optimizer_states=load_optimizer_states,
@@ -188,7 +188,7 @@ class DeepSpeedEngine(EngineAccessors, torch.nn.Module):
     def save_16bit_model(self, save_dir, save_filename: str = "pytorch_model.bin",
                          exclude_frozen_parameters: bool = False) -> bool:
         """The module's weights in its training dtype as one file, written by the first data-parallel rank."""
-        from ..checkpoint.engine_checkpoint import save_16bit_model
+        from ..checkpoint import save_16bit_model
 
         return save_16bit_model(self._parts, save_dir, save_filename,
                                 exclude_frozen_parameters=exclude_frozen_parameters)

@@ -11,8 +11,7 @@ groups. The optimizer's parameters become DeepSpeed's MoE parameter groups (tagg
 data rank, so its scale is the same at every ep_size, as DeepSpeed divides it).
 
 Expert parameters are named by global expert id (dsmoe.experts), so ZeRO's shards, the module file
-and the per-expert files (`layer_{L}_expert_{E}_mp_rank_00_model_states.safetensors`) reload at
-another ep_size. ZeRO stage 3 with MoE layers is refused by key: its units are partitioned over the
+and the per-expert files reload at another ep_size (checkpoint/experts.py). ZeRO stage 3 with MoE layers is refused by key: its units are partitioned over the
 data-parallel group, and an expert lives on fewer ranks than that (DeepSpeed refuses it too).
 """
 
@@ -20,28 +19,20 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
-import dsaio
 import dscomm
 from dscomm.tags import EXPERT_GROUP_NAME_KEY
 from dsconfig import DeepSpeedConfig, Problem
 
-from ..errors import CheckpointLoadError, DstrainError, UnsupportedFeatureError
+from ..errors import DstrainError, UnsupportedFeatureError
 from .autoep import (
-    EXPERT_FILE_SUFFIX,
     apply_autoep,
-    autoep_state_names,
     broadcast_autoep_experts,
     broadcast_experts_from_first,
-    expert_file_reader,
-    load_autoep_experts,
     renew_optimizer_params,
-    save_autoep_experts,
 )
 from .optional_libs import LazyLibrary, imported
 
@@ -148,40 +139,3 @@ def broadcast_expert_parameters(module: torch.nn.Module) -> None:
     broadcast_autoep_experts(module)
     for _, layer in dsmoe.moe_layers(module):
         broadcast_experts_from_first(layer.expert_data_group, layer.deepspeed_moe.experts.parameters())
-
-
-# ------------------------------------------------------------------------------------------ checkpoints
-def expert_state_names(module: torch.nn.Module) -> set[str]:
-    """State-dict names the per-expert files hold (left out of the module file)."""
-    if not imported("dsmoe"):
-        return set()
-    names = dsmoe.checkpoint.expert_state_names(module) if dsmoe.moe_layers(module) else set()
-    return names | autoep_state_names(module)
-
-
-def save_expert_states(module: torch.nn.Module, directory: Path) -> None:
-    """Each expert's weights into its own file, written by the first rank of its expert-data group."""
-    if not imported("dsmoe"):
-        return
-    save_autoep_experts(module, directory)
-    files = dsmoe.checkpoint.expert_writers(module, _writes_experts)
-    for name, state in files.items():
-        dsaio.save_state_dict({k: v.contiguous() for k, v in state.items()}, directory / (name + EXPERT_FILE_SUFFIX))
-
-
-def _writes_experts(layer: Any) -> bool:
-    group = layer.expert_data_group
-    return group is None or dist.get_rank(group) == 0
-
-
-def load_expert_states(module: torch.nn.Module, directory: Path, strict: bool = True) -> None:
-    """The experts this rank holds, from their files (saved at any ep_size)."""
-    if not imported("dsmoe"):
-        return
-    load_autoep_experts(module, directory)
-    if not dsmoe.moe_layers(module):
-        return
-    try:
-        dsmoe.load_local_experts(module, expert_file_reader(directory), strict=strict)
-    except dsmoe.MoEError as exc:
-        raise CheckpointLoadError(f"{directory}: {exc}") from None

@@ -14,6 +14,7 @@ from .checkpoint import (
     load,
     load_state_dict,
     load_with_metadata,
+    read_metadata,
     save,
     save_state_dict,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "load_with_metadata",
     "new_cpu_locked_tensor",
     "queue_limits",
+    "read_metadata",
     "save",
     "save_state_dict",
 ]
