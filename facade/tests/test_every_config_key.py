@@ -31,6 +31,7 @@ from dsconfig.keys import _NOT_FEATURE_REQUESTS, KNOWN_KEYS
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = "facade/tests/test_every_config_key.py"
+HYBRID = "facade/tests/test_hybrid_engine.py"
 
 # Honoured by handing it to a third-party service, which only an online run uses: no offline test can see
 # it. Kept to this one key on purpose (comet_ml.start(api_key=...); COMET_API_KEY otherwise).
@@ -56,10 +57,6 @@ def _zero(**keys) -> dict:
 
 def _nvme(**keys) -> dict:
     return _zero(stage=3, offload_optimizer={"device": "nvme", "nvme_path": "/tmp", **keys})
-
-
-def _hybrid(key: str, value) -> tuple:
-    return refused({"hybrid_engine": {"enabled": True, key: value}}, "hybrid_engine.enabled")
 
 
 def _autoep(key: str, value) -> tuple:
@@ -171,14 +168,17 @@ KEYS: dict[str, tuple] = {
     f"{TP_SPEC}.shape": obs("libs/dstp/tests/test_plan.py::test_fused_weights_split_each_sub_parameter_so_ranks_keep_whole_heads"),
     f"{TP_SPEC}.partition_dim": obs("libs/dstp/tests/test_plan.py::test_fused_weights_split_each_sub_parameter_so_ranks_keep_whole_heads"),
     f"{TP_SPEC}.model_types": obs("libs/dstp/tests/test_plan.py::test_model_types_limit_a_rule"),
-    # ---- the hybrid engine: never provided, refused by hybrid_engine.enabled
-    "hybrid_engine.enabled": refused({"hybrid_engine": {"enabled": True}}),
-    "hybrid_engine.max_out_tokens": _hybrid("max_out_tokens", 256),
-    "hybrid_engine.inference_tp_size": _hybrid("inference_tp_size", 2),
-    "hybrid_engine.release_inference_cache": _hybrid("release_inference_cache", True),
-    "hybrid_engine.pin_parameters": _hybrid("pin_parameters", False),
-    "hybrid_engine.tp_gather_partition_size": _hybrid("tp_gather_partition_size", 4),
-    "hybrid_engine.enable_cuda_graph": _hybrid("enable_cuda_graph", True),
+    # ---- the hybrid engine (facade/src/dstrain/engine/hybrid/)
+    "hybrid_engine.enabled": obs(f"{HYBRID}::test_generation_yields_the_whole_models_tokens_at_every_stage_and_variant"),
+    "hybrid_engine.max_out_tokens": obs(f"{HYBRID}::test_each_refusal_names_its_key"),
+    "hybrid_engine.inference_tp_size": obs(f"{HYBRID}::test_tensor_parallel_generation_yields_the_whole_models_tokens"),
+    "hybrid_engine.release_inference_cache": obs(
+        f"{HYBRID}::test_generation_yields_the_whole_models_tokens_at_every_stage_and_variant"),
+    "hybrid_engine.pin_parameters": obs(
+        f"{HYBRID}::test_generation_yields_the_whole_models_tokens_at_every_stage_and_variant"),
+    "hybrid_engine.tp_gather_partition_size": obs(
+        f"{HYBRID}::test_tensor_parallel_generation_yields_the_whole_models_tokens"),
+    "hybrid_engine.enable_cuda_graph": obs(f"{HYBRID}::test_each_refusal_names_its_key"),
     # ---- AutoEP (dsmoe.autoep)
     "expert_parallel.enabled": obs(f"{FACADE}/test_autoep_engine.py::test_autoep_engine_equals_one_process_at_every_size_and_stage"),
     "expert_parallel.autoep_size": obs(f"{FACADE}/test_autoep_engine.py::test_autoep_engine_equals_one_process_at_every_size_and_stage"),

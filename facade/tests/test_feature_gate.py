@@ -49,11 +49,11 @@ def test_a_declared_library_lifts_the_pip_install_gate(monkeypatch):
 
 
 def test_features_dstrain_never_provides_stay_refused_whatever_is_declared():
-    raw = {"train_batch_size": 4, "hybrid_engine": {"enabled": True}, "sparse_attention": {"mode": "fixed"}}
-    declared = provided_features([_point("hybrid_engine.enabled", "x"), _point("sparse_attention", "y")])
+    raw = {"train_batch_size": 4, "sparse_attention": {"mode": "fixed"}}
+    declared = provided_features([_point("sparse_attention", "y")])
     with pytest.warns(dsconfig.ConfigWarning):
         message = _refusal(raw, declared)
-    assert "hybrid_engine.enabled" in message and "sparse_attention" in message
+    assert "sparse_attention" in message
 
 
 def test_every_gated_feature_is_off_by_default_and_on_by_its_key():

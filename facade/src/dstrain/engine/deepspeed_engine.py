@@ -31,6 +31,12 @@ class DeepSpeedEngine(EngineAccessors, torch.nn.Module):
                                      data_parallel_group=data_parallel_group, groups=groups, step_hooks=step_hooks)
         self.adopt_parts(parts, config, model)
         self.data_parallel_group = data_parallel_group
+        self._hybrid = None  # the Hybrid Engine's generation (hybrid_engine.enabled): engine/hybrid/
+        if config.hybrid_engine.enabled:
+            from .hybrid import HybridGeneration
+
+            self._hybrid = HybridGeneration(model, config, device=parts.device, data_group=data_parallel_group,
+                                            rank=parts.global_rank)
         self._engine_backward_active = False
         self._compiled = False
         if config.dump_state:
@@ -129,6 +135,22 @@ class DeepSpeedEngine(EngineAccessors, torch.nn.Module):
             samples = progress.micro_batches_in_step() * self.train_micro_batch_size_per_gpu() * self.dp_world_size
         progress.count_step(True, samples)
         self.reporter.after_step(optimizer, self.basic_optimizer)
+        if self._hybrid is not None:
+            self._hybrid.stepped()
+
+    def train(self, mode: bool = True) -> DeepSpeedEngine:
+        """Training mode (eval(): generation mode); with the Hybrid Engine, eval() reports the last
+        iteration's latency split (generate, gather, training, other) as DeepSpeed prints it."""
+        super().train(mode)
+        hybrid = self.__dict__.get("_hybrid")
+        if hybrid is not None:
+            hybrid.mode_changed(mode, self.reporter.monitor, self.global_samples)
+        return self
+
+    def generate(self, *inputs: Any, **kwargs: Any) -> Any:
+        """The module's generate(); with the Hybrid Engine, its generation (weights gathered once at ZeRO-3,
+        tensor-parallel with inference_tp_size, LoRA fused)."""
+        return self.module.generate(*inputs, **kwargs)
 
     def zero_grad(self) -> None:
         """Drop the accumulated gradients (step() already does this at each boundary)."""

@@ -71,8 +71,7 @@ GATED_FEATURES = (
 ENGINE_COMPOSES: frozenset[str] = frozenset({"tensor_parallel.autotp_size", "data_efficiency.enabled",
                                              "curriculum_learning.enabled", "pipeline", "expert_parallel.enabled"})
 
-_NEVER_PROVIDED = (("hybrid_engine.enabled", "the hybrid engine", lambda cfg: cfg.hybrid_engine.enabled),
-                   ("compile.deepcompile", "DeepCompile", lambda cfg: cfg.compile.deepcompile))
+_NEVER_PROVIDED = (("compile.deepcompile", "DeepCompile", lambda cfg: cfg.compile.deepcompile),)
 
 
 def provided_features(declared: Iterable[EntryPoint] | None = None) -> dict[str, str]:

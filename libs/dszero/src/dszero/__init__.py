@@ -20,6 +20,7 @@ from .fragments import (
     safe_get_full_optimizer_state,
     safe_set_full_fp32_param,
 )
+from .held import HeldParameters
 from .init import Init
 from .layout import GroupLayout, Slot
 from .offload.resources import check_offload_resources
@@ -35,6 +36,7 @@ __all__ = [
     "DynamicLossScaler",
     "GatheredParameters",
     "GroupLayout",
+    "HeldParameters",
     "Init",
     "LossScaler",
     "Precision",

@@ -52,6 +52,7 @@ class Unit:
 
     tally: list[int] | None = None  # Stage3's running count of gathered partitioned elements (max_live_parameters)
     _gathered = False
+    held = False  # HeldParameters (held.py): gathered for a whole block of forwards; the hooks leave it alone
 
     @property
     def gathered(self) -> bool:
@@ -162,7 +163,7 @@ class Unit:
     def release(self) -> None:
         if self.pending is not None:
             self._finish()  # the collective writes into the buffer until then
-        if self.persistent or not self.gathered:
+        if self.persistent or not self.gathered or self.held:
             return
         # Parameters become empty tensors (reading one is an error, never a read of freed memory),
         # and the buffer's memory goes back to the allocator.
@@ -383,11 +384,20 @@ class Stage3:
         spare = getattr(unit.home, "spare_buffers", None)
         return spare is None or spare() > 1
 
+    def _held(self, module) -> bool:
+        # Gathered by HeldParameters for a block of forwards (generation): no gather, release or bookkeeping
+        # here, so the step's prefetch and reuse plans never see those forwards.
+        return all(unit.held for unit in self.units_of_module[id(module)])
+
     def _before_forward(self, module, args):
+        if self._held(module):
+            return
         self.in_forward.update(id(u) for u in self.units_of_module[id(module)])
         self._need(module, True)
 
     def _after_forward(self, module, args, output):
+        if self._held(module):
+            return
         # Released now unless reused soon; the backward pre-hook gathers them again before autograd reads them.
         for unit in self.units_of_module[id(module)]:
             self.in_forward.discard(id(unit))
@@ -397,6 +407,9 @@ class Stage3:
             unit.release()
 
     def _before_backward(self, module, grad_output):
+        if self._held(module):
+            raise ZeroError("a backward ran through parameters held gathered by HeldParameters (generation runs "
+                            "without gradients); leave the block before training")
         self._need(module, False)
         self.in_backward.update(id(u) for u in self.units_of_module[id(module)])
 
