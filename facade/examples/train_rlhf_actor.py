@@ -73,12 +73,14 @@ def main() -> None:
     reference = copy.deepcopy(actor).eval().requires_grad_(False)  # the policy before training: the KL anchor
     critic = Critic().eval()
     engine, *_ = deepspeed.initialize(args=args, model=actor, model_parameters=actor.parameters())
+    reference.to(engine.device)
+    critic.to(engine.device)
     zero3 = engine.zero_optimization_stage() == 3
     rows, p = engine.train_micro_batch_size_per_gpu(), args.prompt_length
     prompts_gen = torch.Generator().manual_seed(args.seed + rank)
     rewards = []
     for iteration in range(args.iterations):
-        prompts = torch.randint(3, VOCAB, (rows, p), generator=prompts_gen)
+        prompts = torch.randint(3, VOCAB, (rows, p), generator=prompts_gen).to(engine.device)
         # 1. Generate with the actor (the Hybrid Engine gathers the ZeRO-3 weights once for the call).
         engine.eval()
         sequences = engine.module.generate(prompts, attention_mask=torch.ones_like(prompts),
