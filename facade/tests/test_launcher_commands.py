@@ -202,7 +202,8 @@ def test_dry_run_prints_the_hostfile_and_the_command(two_hosts, capsys):
     assert main(["-H", "hosts", "--launcher", "openmpi", "--dry_run", "train.py", "--lr", "1"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[1:3] == ["#   worker-0 slots=2", "#   worker-1 slots=2"]
-    assert shlex.split(out[3])[:5] == ["mpirun", "-n", "4", "-hostfile", "<hostfile>"]
+    assert out[3].startswith("# run by the node agent")
+    assert shlex.split(out[4])[:5] == ["mpirun", "-n", "4", "-hostfile", "<hostfile>"]
 
 
 def test_a_missing_mpi_is_named_with_its_install_line(two_hosts, capsys, monkeypatch):

@@ -16,7 +16,7 @@ import shlex
 import sys
 
 from . import _cores, mpi
-from .commands import Job, Node, exported_environment, is_local_host, node_argv_display
+from .commands import Job, Node, exported_environment, is_local_host, node_argv_display, supervised
 from .errors import LaunchError
 from .hostfile import check_host, parse_hostfile, select_resources
 from .mpi import MPI_LAUNCHERS
@@ -262,6 +262,7 @@ def run_mpi(mj: mpi.MpiJob, dry_run: bool = False) -> int:
         if hosts is not None:
             print("# <hostfile>, written to a private temporary folder at launch:")
             print("".join(f"#   {line}\n" for line in hosts.splitlines()), end="")
+        print(f"# run by the node agent, which stops {program} and what it leaves if the launcher dies:")
         print(shlex.join(mpi.command(mj, "<hostfile>" if hosts is not None else None)))
         return 0
     import shutil
@@ -276,7 +277,10 @@ def run_mpi(mj: mpi.MpiJob, dry_run: bool = False) -> int:
             hostfile = os.path.join(folder, "hostfile")
             with open(os.open(hostfile, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
                 f.write(hosts)
-        argv = mpi.command(mj, hostfile)
+        # Under the node agent, as torchrun is: its keeper is a subreaper, so what a rank leaves (a helper in a
+        # session of its own) is still stopped when mpirun, or the launcher, dies. srun's tasks are SLURM's: it
+        # stops every process of a step when the step ends.
+        argv = supervised(mj.job, mpi.command(mj, hostfile))
         env = {**os.environ, **mpi.exports(mj)}
         return Supervisor([Launch(program, f"[{program}] ", tuple(argv), env)], mj.job.cwd, mj.job.grace).run()
 

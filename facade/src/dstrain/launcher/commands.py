@@ -81,8 +81,12 @@ def node_env(job: Job, node: Node) -> dict[str, str]:
 
 
 def agent_argv(job: Job, node: Node) -> list[str]:
-    return [job.python, "-u", NODE_AGENT, "--watch-stdin", "--grace", str(job.grace), "--",
-            *torchrun_argv(job, node)]
+    return supervised(job, torchrun_argv(job, node))
+
+
+def supervised(job: Job, argv: list[str]) -> list[str]:
+    """`argv` run by the node agent, which stops it and whatever it leaves when the launcher dies (see _node.py)."""
+    return [job.python, "-u", NODE_AGENT, "--watch-stdin", "--grace", str(job.grace), "--", *argv]
 
 
 def remote_command(job: Job, node: Node) -> str:
