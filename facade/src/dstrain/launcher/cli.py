@@ -3,6 +3,7 @@
     dstrain --num_procs 2 train.py --deepspeed_config ds.json
     dstrain --hostfile hosts --include "worker-0@worker-1:0,2" train.py
     dstrain --num_procs 2 --autotuning run train.py --deepspeed_config ds.json
+    dstrain --launcher openmpi --launcher_args "--allow-run-as-root" --hostfile hosts train.py
 
 See facade/docs/launcher.md.
 """
