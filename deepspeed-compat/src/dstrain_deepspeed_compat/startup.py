@@ -1,0 +1,96 @@
+"""What `dstrain_deepspeed_compat.pth` runs when any Python of this environment starts: one finder on
+`sys.meta_path` that serves `import deepspeed` from dstrain and gives `importlib.metadata` a `deepspeed`
+distribution. Standard library only, and nothing else loads until a `deepspeed` name is asked for, so a
+process that never touches DeepSpeed pays for one list insert.
+
+- `import deepspeed` (and `deepspeed.<path>`) resolves through dstrain's alias table
+  (`dstrain.compat.alias.MAPPED_PATHS`), loaded on the first such import.
+- `importlib.metadata.version("deepspeed")` answers `<DeepSpeed API version>+dstrain.<version>`, which is what
+  transformers and Accelerate look for before they enable their DeepSpeed integration.
+- Where a real DeepSpeed is installed too, `import deepspeed` raises an ImportError saying so (unless
+  DSTRAIN_SHADOW_DEEPSPEED=1) and the metadata is left to the real one.
+- DSTRAIN_DEEPSPEED_ALIAS=0 (the launcher's --no_deepspeed_alias) turns both off for a process.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from .real_deepspeed import found_by_other_finders, refusal, trace_in
+
+ALIAS_ENV = "DSTRAIN_DEEPSPEED_ALIAS"  # "0": leave `import deepspeed` and its metadata alone
+SHADOW_ENV = "DSTRAIN_SHADOW_DEEPSPEED"  # "1": serve dstrain even beside a real DeepSpeed (as dstrain.as_deepspeed)
+
+
+def _is_deepspeed(distribution_name: str) -> bool:
+    # Names compare after collapsing [-_.] runs and case; "deepspeed" has no separator, so case is all.
+    return distribution_name.lower() == "deepspeed"
+
+
+class DeepSpeedFromDstrain:
+    """The meta-path finder. `root` is what dstrain's own alias finder carries, so `dstrain.as_deepspeed` and
+    the launcher see that `deepspeed` is already served here and add nothing."""
+
+    root = "deepspeed"
+
+    def __init__(self) -> None:
+        self._table: object = None  # dstrain's alias finder, made on the first `deepspeed` import
+        self._warned = False
+        self._real: tuple[object, str | None] = (None, None)  # (the path it was looked up on, the answer)
+
+    @staticmethod
+    def enabled() -> bool:
+        return os.environ.get(ALIAS_ENV, "1") != "0"
+
+    def real_deepspeed(self) -> str | None:
+        """Where a real DeepSpeed is installed (its package or its metadata on sys.path), or None. Asked again
+        only when sys.path or sys.meta_path changed: metadata enumerations ask often."""
+        key = (tuple(sys.path), tuple(id(finder) for finder in sys.meta_path))
+        if self._real[0] != key:
+            self._real = (key, found_by_other_finders(skip=[self]) or trace_in(sys.path))
+        return self._real[1]
+
+    def find_spec(self, fullname: str, path: object = None, target: object = None) -> object:
+        if fullname != "deepspeed" and not fullname.startswith("deepspeed."):
+            return None
+        if not self.enabled():
+            return None
+        if self._table is None:
+            self._table = self._load_table()
+        return self._table.find_spec(fullname, path, target)
+
+    def _load_table(self) -> object:
+        real = self.real_deepspeed()
+        if real is not None:
+            if os.environ.get(SHADOW_ENV) != "1":
+                raise ImportError(refusal(real, "import deepspeed"), name="deepspeed")
+            if not self._warned:
+                import warnings
+
+                self._warned = True
+                warnings.warn(f"dstrain-deepspeed-compat: shadowing the DeepSpeed installed at {real} "
+                              f"({SHADOW_ENV}=1): `import deepspeed` gives dstrain", stacklevel=3)
+        try:
+            from dstrain.compat.alias import deepspeed_finder
+        except ImportError as exc:
+            raise ImportError(f"import deepspeed: dstrain-deepspeed-compat serves it from dstrain, which cannot be "
+                              f"imported here ({exc}); pip install dstrain", name="deepspeed") from exc
+        return deepspeed_finder()
+
+    def find_distributions(self, context: object = None) -> object:
+        """importlib.metadata's hook: the `deepspeed` distribution, where this finder serves `import deepspeed`."""
+        name = getattr(context, "name", None)
+        if name is not None and not _is_deepspeed(name):
+            return iter(())  # the common case (every other package's version lookup): nothing to load
+        if not self.enabled():
+            return iter(())
+        from .distribution import announced_distributions
+
+        return announced_distributions(self, context)
+
+
+def install() -> None:
+    """Put the finder first on sys.meta_path (once per process)."""
+    if not any(isinstance(finder, DeepSpeedFromDstrain) for finder in sys.meta_path):
+        sys.meta_path.insert(0, DeepSpeedFromDstrain())
