@@ -241,3 +241,10 @@ def test_importing_dsconfig_loads_no_torch():
 
     code = "import sys, dsconfig; assert 'torch' not in sys.modules and 'numpy' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_steps_per_print_inf_from_accelerate_means_never_and_is_the_only_infinity_taken():
+    # Accelerate's DeepSpeedPlugin silences DeepSpeed's progress line with steps_per_print = inf.
+    assert dsconfig.load({"train_batch_size": 2, "steps_per_print": float("inf")}).steps_per_print >= 2**62
+    error = refused({"train_batch_size": 2, "steps_per_print": float("-inf")})
+    assert error.paths == ["steps_per_print"]

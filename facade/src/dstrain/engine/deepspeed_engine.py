@@ -215,6 +215,21 @@ class DeepSpeedEngine(EngineAccessors, torch.nn.Module):
         return save_16bit_model(self._parts, save_dir, save_filename,
                                 exclude_frozen_parameters=exclude_frozen_parameters)
 
+    def zero_gather_16bit_weights_on_model_save(self) -> bool:
+        """Whether the config lets a stage-3 run gather its weights to save them whole
+        (zero_optimization.stage3_gather_16bit_weights_on_model_save)."""
+        return bool(self._config.zero_optimization.stage3_gather_16bit_weights_on_model_save)
+
+    def _zero3_consolidated_16bit_state_dict(self, exclude_frozen_parameters: bool = False) -> dict | None:
+        """The whole module's state dict in its training dtype on global rank 0 (None on the others; every rank
+        calls it). DeepSpeed's name, which Hugging Face's Trainer and Accelerate call; stage 3 only, as there."""
+        from .consolidated import consolidated_state_dict
+
+        if self.zero_optimization_stage() != 3:
+            raise ValueError(f"_zero3_consolidated_16bit_state_dict needs ZeRO stage 3 (zero_optimization.stage is "
+                             f"{self.zero_optimization_stage()}); the module's own state_dict() is whole here")
+        return consolidated_state_dict(self.module, exclude_frozen_parameters)
+
     # ------------------------------------------------------------------ data efficiency (dsdata)
     def set_data_post_process_func(self, post_process_func) -> None:
         """fn(batch, sampler_state) -> batch, applied to each batch of the curriculum loader (e.g. dsdata's

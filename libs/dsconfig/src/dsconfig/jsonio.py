@@ -32,10 +32,16 @@ from .limits import (
 _MAX_SOURCE_CHARS = MAX_TEXT_BYTES * 4 // 3 + 4
 _NUMBER_HOOKS = {"parse_int": parse_int, "parse_float": parse_float, "parse_constant": parse_constant}
 
+# Accelerate's DeepSpeedPlugin writes `steps_per_print: inf` ("never") into the dict it hands DeepSpeed. It is
+# the one non-finite value with a meaning, so it becomes a step count no run reaches; any other is refused.
+STEPS_NEVER = 2**62
+
 
 def read_source(source: Any) -> tuple[dict, str | None]:
     """(raw config dict, a name for messages) from a path, a dict or a base64 string."""
     if isinstance(source, dict):
+        if source.get("steps_per_print") == float("inf"):
+            source = {**source, "steps_per_print": STEPS_NEVER}
         problems = shape_problems(source)
         if problems:
             raise ConfigError(problems)

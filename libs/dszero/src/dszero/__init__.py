@@ -28,6 +28,7 @@ from .optimizer import ZeroOptimizer
 from .precision import DynamicLossScaler, LossScaler, Precision
 from .quantize import QuantSpec
 from .stage3 import GatheredParameters
+from .status import ZeroParamStatus
 from .whole_tensors import TensorShards, WholeTensor
 from .zeropp import ZeroPPSettings
 
@@ -48,6 +49,7 @@ __all__ = [
     "ZeroError",
     "ZeroOptimizer",
     "ZeroPPSettings",
+    "ZeroParamStatus",
     "__version__",
     "check_offload_resources",
     "convert_zero_checkpoint_to_fp32_state_dict",

@@ -30,6 +30,7 @@ from .offload.pinned import host_copy
 from .ordered import InOrderLauncher, weakly
 from .prefetch import ABSENT, BUSY, KEPT, PrefetchPlan
 from .reuse import ReusePolicy
+from .status import ZeroParamStatus, next_param_id
 from .wire import gather_shards, reduce_scatter
 
 # The embedding's input (token ids) never requires grad, so torch notes that its backward pre-hook
@@ -63,6 +64,14 @@ class Unit:
         if value != self._gathered and self.tally is not None and not self.persistent:
             self.tally[0] += self.layout.padded_numel if value else -self.layout.padded_numel
         self._gathered = value
+        self._publish_status()
+
+    def _publish_status(self) -> None:
+        """DeepSpeed's param.ds_status on every parameter of the unit (status.py)."""
+        status = (ZeroParamStatus.NOT_AVAILABLE if not self._gathered else
+                  ZeroParamStatus.INFLIGHT if getattr(self, "pending", None) is not None else ZeroParamStatus.AVAILABLE)
+        for param in self.params:
+            param.ds_status = status
 
     def __init__(self, module: torch.nn.Module, params: list[torch.nn.Parameter], names: list[str], world: int,
                  rank: int, master_dtype: torch.dtype, persistent: bool, group: Any, homes: Any = None,
@@ -108,6 +117,8 @@ class Unit:
         for param, slot in zip(params, self.layout.slots):
             param._dszero_unit = self  # lets GatheredParameters find the unit of any parameter
             param.ds_shape, param.ds_numel = slot.shape, slot.numel  # DeepSpeed's names, for user code
+            if not hasattr(param, "ds_id"):  # kept when a stage-3 optimizer takes over dszero.Init's unit
+                param.ds_id = next_param_id()
         self.gathered = True
         self.pending: Any = None  # the handles of an asynchronous (prefetch) gather still in flight
         self.gather_count = 0  # all-gathers done, for tests and reports
@@ -159,6 +170,7 @@ class Unit:
         self.pending.wait()
         self.pending = None
         self.home.done()  # the shard's fetched copy (an NVMe read buffer) may go only now
+        self._publish_status()
 
     def release(self) -> None:
         if self.pending is not None:
