@@ -56,6 +56,8 @@ MAPPED_PATHS: dict[str, str] = {
     "deepspeed.ops.lamb": "dstrain.ops",
     "deepspeed.ops.transformer": "dstrain.ops.transformer",
     "deepspeed.monitor": "dsmonitor",
+    "deepspeed.compression": f"{_C}.compression",
+    "deepspeed.compression.helper": f"{_C}.compression.helper",
     "deepspeed.pipe": "dstrain.pipe",
     "deepspeed.moe": "dstrain.moe",
     "deepspeed.moe.layer": "dstrain.moe.layer",

@@ -93,6 +93,10 @@ def build_training_parts(model: torch.nn.Module, config: DeepSpeedConfig, *, opt
         # Gradient norms and the fp16 overflow are decided over the layout's norm group (every stage and shard).
         norm_group = groups.norm if groups is not None else None
         basic, zero = _zero_optimizer(config, model, basic, precision, data_parallel_group, norm_group)
+    elif config.zero_optimization.stage == 3:
+        # No optimizer at stage 3 (an evaluation or reference model): the parameters stay partitioned and each
+        # module gathers its own around its forward, as DeepSpeed's engine does.
+        dszero.ZeroInference(model, config.zero_optimization, group=data_parallel_group)
     scheduler = _scheduler(config, lr_scheduler, basic)
     loader = None
     wiring_dsdata.warn_curriculum_without_data(config, training_data)

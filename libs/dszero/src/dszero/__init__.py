@@ -21,6 +21,7 @@ from .fragments import (
     safe_set_full_fp32_param,
 )
 from .held import HeldParameters
+from .inference import ZeroInference
 from .init import Init
 from .layout import GroupLayout, Slot
 from .offload.resources import check_offload_resources
@@ -47,6 +48,7 @@ __all__ = [
     "WholeTensor",
     "ZeroConfigError",
     "ZeroError",
+    "ZeroInference",
     "ZeroOptimizer",
     "ZeroPPSettings",
     "ZeroParamStatus",

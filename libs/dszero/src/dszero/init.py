@@ -79,7 +79,7 @@ class Init:
             self.dtype = config_dtype
         self._overrides = {getattr(item, "name", item) for item in tensor_overrides}
         self._restore_constructors: Any = None
-        self.homes = ParamHomes(_offload(zero, remote_device, pin_memory), dist.get_rank(), None)
+        self.homes = ParamHomes(param_offload(zero, remote_device, pin_memory), dist.get_rank(), None)
         self._patched: list[tuple[type, Any]] = []
         self._building: list[torch.nn.Module] = []
         self._depth: dict[int, int] = {}
@@ -214,7 +214,8 @@ def _read_config(source: Any) -> tuple[ZeroConfig | None, torch.dtype | None]:
     return source.zero_optimization, torch.bfloat16 if bf16 else torch.float16 if fp16 else torch.float32
 
 
-def _offload(zero: ZeroConfig | None, remote_device: str | None, pin_memory: bool) -> OffloadParamConfig | None:
+def param_offload(zero: ZeroConfig | None, remote_device: str | None, pin_memory: bool) -> OffloadParamConfig | None:
+    """The offload_param section that places the shards: remote_device ("cpu", "nvme") over the config's own."""
     configured = zero.offload_param if zero is not None else None
     device = remote_device or (configured.device if configured is not None else "none")
     if device in ("none", None):
