@@ -29,10 +29,13 @@ def _is_deepspeed(distribution_name: str) -> bool:
 
 
 class DeepSpeedFromDstrain:
-    """The meta-path finder. `root` is what dstrain's own alias finder carries, so `dstrain.as_deepspeed` and
-    the launcher see that `deepspeed` is already served here and add nothing."""
+    """The meta-path finder. While it serves `deepspeed` its `root` is "deepspeed", as on dstrain's own alias
+    finder, so `dstrain.as_deepspeed` and the launcher see the alias is in place and add nothing; turned off
+    (DSTRAIN_DEEPSPEED_ALIAS=0) it is None, and an explicit `import dstrain.as_deepspeed` installs dstrain's."""
 
-    root = "deepspeed"
+    @property
+    def root(self) -> str | None:
+        return "deepspeed" if self.enabled() else None
 
     def __init__(self) -> None:
         self._table: object = None  # dstrain's alias finder, made on the first `deepspeed` import

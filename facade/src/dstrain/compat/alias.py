@@ -56,6 +56,8 @@ MAPPED_PATHS: dict[str, str] = {
     "deepspeed.ops.lamb": "dstrain.ops",
     "deepspeed.ops.transformer": "dstrain.ops.transformer",
     "deepspeed.monitor": "dsmonitor",
+    "deepspeed.launcher": f"{_C}.launcher",
+    "deepspeed.launcher.runner": f"{_C}.launcher.runner",
     "deepspeed.compression": f"{_C}.compression",
     "deepspeed.compression.helper": f"{_C}.compression.helper",
     "deepspeed.pipe": "dstrain.pipe",
@@ -186,9 +188,11 @@ class TableFinder(importlib.abc.MetaPathFinder):
         module = self.target(fullname)
         if module is None:
             if self.closed:
+                from .callers import asked_by
+
                 raise ModuleNotFoundError(f"{fullname}: dstrain maps only the DeepSpeed modules listed in "
                                           f"{self.table_name} (the facade README has the table); this one has no "
-                                          f"dstrain counterpart", name=fullname)
+                                          f"dstrain counterpart{asked_by()}", name=fullname)
             return None
         # A target that is a package keeps its own __path__; a listed parent of listed children must be one.
         is_package = any(other.startswith(fullname + ".") for other in self.table)

@@ -17,7 +17,11 @@ def submodule_attributes(package: str, submodules: dict[str, str]) -> Callable[[
     def __getattr__(name: str) -> ModuleType:
         target = submodules.get(name)
         if target is None:
-            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+            if name.startswith("__"):
+                raise AttributeError(f"module {package!r} has no attribute {name!r}")  # a probe (copy, pickle, ...)
+            from .callers import missing
+
+            raise AttributeError(f"module {package!r} has no attribute {name!r}: {missing(f'{package}.{name}')}")
         return importlib.import_module(target, package)
 
     return __getattr__

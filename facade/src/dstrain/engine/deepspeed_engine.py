@@ -182,7 +182,12 @@ class DeepSpeedEngine(EngineAccessors, torch.nn.Module):
             module = self._modules.get("module")
             if module is not None and hasattr(module, name):
                 return getattr(module, name)
-            raise
+            if name.startswith("_dstrain") or name.startswith("__"):
+                raise
+            from ..compat.callers import missing
+
+            raise AttributeError(f"'DeepSpeedEngine' object has no attribute {name!r} (nor has its module "
+                                 f"{type(module).__name__}): {missing(f'engine.{name}')}") from None
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest: bool = True,
