@@ -1,0 +1,39 @@
+"""An Accelerate training script with a DeepSpeedPlugin, run by `accelerate launch --use_deepspeed` (the test
+starts it): a tiny Llama trained at ZeRO 2 and then 3, the losses printed as JSON by the main process."""
+
+import json
+import os
+import sys
+
+import torch
+from accelerate import Accelerator, DeepSpeedPlugin, PartialState
+from accelerate.state import AcceleratorState
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from hf_runs import Tokens, tiny_llama  # noqa: E402
+
+# Accelerate picks a process-group backend only where it finds an accelerator (nccl on GPUs): name gloo here.
+PartialState(backend="gloo")
+report = {}
+for stage in (2, 3):
+    model = tiny_llama()
+    plugin = DeepSpeedPlugin(zero_stage=stage, gradient_accumulation_steps=2, gradient_clipping=1.0,
+                             zero3_save_16bit_model=True)
+    accelerator = Accelerator(deepspeed_plugin=plugin)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    engine, optimizer, loader = accelerator.prepare(model, optimizer, torch.utils.data.DataLoader(Tokens(), batch_size=2))
+    losses = []
+    for batch in loader:
+        with accelerator.accumulate(engine):
+            loss = engine(**batch).loss
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+        losses.append(accelerator.gather(loss.detach()).mean().item())
+    state = accelerator.get_state_dict(engine)  # whole on the main process, gathered at ZeRO-3
+    report[stage] = {"losses": losses, "engine": f"{type(engine).__module__}.{type(engine).__name__}",
+                     "state_keys": None if state is None else len(state)}
+    accelerator.free_memory()
+    AcceleratorState._reset_state()
+if PartialState().is_main_process:
+    print("REPORT " + json.dumps(report))
