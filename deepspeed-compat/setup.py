@@ -12,7 +12,7 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "src"))
-from dstrain_deepspeed_compat.real_deepspeed import refusal, trace_in  # noqa: E402  (standard library only)
+from dstrain_deepspeed_compat.real_deepspeed import refusal, trace_in
 
 HOOK = "dstrain_deepspeed_compat.pth"
 ALLOW_ENV = "DSTRAIN_COMPAT_BUILD_ANYWHERE"  # "1": build a wheel to install elsewhere, whatever is installed here

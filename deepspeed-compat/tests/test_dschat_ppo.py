@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import dschat_ppo
 import pytest
-from dscomm.testing import run_ranks
 from hf_runs import tiny_llama
 
-import dschat_ppo
+from dscomm.testing import run_ranks
 
 
 def _every_stage(rank: int, world: int, model_dir: str) -> dict:

@@ -12,6 +12,7 @@ from pathlib import Path
 import deepspeed
 import pytest
 import torch
+
 from dscomm.testing import run_ranks
 
 # The modules of each package that talk to DeepSpeed (import it, or reach through `deepspeed.`).
@@ -88,8 +89,9 @@ def test_what_is_listed_as_missing_is_missing():
 
 
 def test_accelerates_path_to_an_api_dstrain_lacks_names_the_api_and_accelerates_version():
-    from accelerate.utils.deepspeed import map_pytorch_optim_to_deepspeed
     from importlib.metadata import version
+
+    from accelerate.utils.deepspeed import map_pytorch_optim_to_deepspeed
 
     optimizer = torch.optim.Adagrad(torch.nn.Linear(2, 2).parameters())
     with pytest.raises(ImportError) as caught:
@@ -101,8 +103,9 @@ def test_accelerates_path_to_an_api_dstrain_lacks_names_the_api_and_accelerates_
 
 def _asked_by_a_newer_transformers(rank: int, world: int) -> dict[str, str]:
     """A transformers integration module (by its name and file) asking for APIs this dstrain lacks."""
-    import dstrain
     from transformers import LlamaConfig, LlamaForCausalLM
+
+    import dstrain
 
     model = LlamaForCausalLM(LlamaConfig(vocab_size=16, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
                                          num_attention_heads=2, num_key_value_heads=1))

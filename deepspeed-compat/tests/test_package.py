@@ -12,10 +12,13 @@ import sys
 import sysconfig
 from pathlib import Path
 
-import pytest
-
 import dstrain_deepspeed_compat
-from dstrain_deepspeed_compat.nvme_args import NvmeArgumentError, ds_io_to_dsaio_bench, ds_nvme_tune_to_dsaio_tune
+import pytest
+from dstrain_deepspeed_compat.nvme_args import (
+    NvmeArgumentError,
+    ds_io_to_dsaio_bench,
+    ds_nvme_tune_to_dsaio_tune,
+)
 
 PROJECT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -109,7 +112,7 @@ def test_ds_io_and_ds_nvme_tune_flags_translate_or_are_refused_by_name():
         ds_io_to_dsaio_bench(["--folder", "/n"])
     assert ds_nvme_tune_to_dsaio_tune(["--nvme_dir", "/nvme", "--flush_page_cache"]) == [
         "--path", "/nvme", "--io_size", "400M", "--loops", "1"]
-    with pytest.raises(NvmeArgumentError, match="--no_read is not supported.*--gds is not supported"):
+    with pytest.raises(NvmeArgumentError, match=r"--no_read is not supported.*--gds is not supported"):
         ds_nvme_tune_to_dsaio_tune(["--nvme_dir", "/nvme", "--no_read", "--gds"])
     with pytest.raises(NvmeArgumentError, match="2 folders"):
         ds_nvme_tune_to_dsaio_tune(["--nvme_dir", "/a", "/b"])

@@ -7,7 +7,6 @@ import os
 import pytest
 import torch
 import transformers  # noqa: F401  (loaded once here, so the forked ranks start fast)
-from dscomm.testing import run_ranks
 from hf_runs import (
     Tokens,
     auto_config,
@@ -17,6 +16,8 @@ from hf_runs import (
     reset_accelerate,
     tiny_llama,
 )
+
+from dscomm.testing import run_ranks
 
 STEPS, MICRO, LR = 4, 2, 1e-2
 

@@ -19,7 +19,7 @@ import sys
 _METADATA = r"^(deepspeed-[^/]+\.(dist-info|egg-info)|deepspeed\.egg-(info|link)|__editable__\.deepspeed-.+)$"
 
 
-def trace_in(directories: "list[str]") -> "str | None":
+def trace_in(directories: list[str]) -> str | None:
     """The first file or folder of an installed DeepSpeed (its metadata, or its package) in `directories`."""
     import re
 
@@ -36,7 +36,7 @@ def trace_in(directories: "list[str]") -> "str | None":
     return None
 
 
-def found_by_other_finders(skip: "list[object]") -> "str | None":
+def found_by_other_finders(skip: list[object]) -> str | None:
     """Where another sys.meta_path finder (not one of `skip`, nor one serving deepspeed from dstrain) would
     import `deepspeed` from, or None."""
     skipped = {id(finder) for finder in skip}

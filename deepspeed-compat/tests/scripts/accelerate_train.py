@@ -10,7 +10,7 @@ from accelerate import Accelerator, DeepSpeedPlugin, PartialState
 from accelerate.state import AcceleratorState
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from hf_runs import Tokens, tiny_llama  # noqa: E402
+from hf_runs import Tokens, tiny_llama
 
 # Accelerate picks a process-group backend only where it finds an accelerator (nccl on GPUs): name gloo here.
 PartialState(backend="gloo")

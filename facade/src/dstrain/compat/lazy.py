@@ -10,9 +10,9 @@ from collections.abc import Callable
 from types import ModuleType
 
 
-def submodule_attributes(package: str, submodules: dict[str, str]) -> Callable[[str], ModuleType]:
-    """A module `__getattr__` for `package`: attribute name -> module (relative to `package` when it starts with
-    a dot), imported when first asked for."""
+def submodule_attributes(package: str, submodules: dict[str, str], deepspeed_name: str) -> Callable[[str], ModuleType]:
+    """A module `__getattr__` for `package` (DeepSpeed's `deepspeed_name`): attribute name -> module (relative
+    to `package` when it starts with a dot), imported when first asked for."""
 
     def __getattr__(name: str) -> ModuleType:
         target = submodules.get(name)
@@ -21,7 +21,7 @@ def submodule_attributes(package: str, submodules: dict[str, str]) -> Callable[[
                 raise AttributeError(f"module {package!r} has no attribute {name!r}")  # a probe (copy, pickle, ...)
             from .callers import missing
 
-            raise AttributeError(f"module {package!r} has no attribute {name!r}: {missing(f'{package}.{name}')}")
+            raise AttributeError(f"module {package!r} has no attribute {name!r}: {missing(f'{deepspeed_name}.{name}')}")
         return importlib.import_module(target, package)
 
     return __getattr__

@@ -8,4 +8,4 @@ from ..lazy import submodule_attributes
 __getattr__ = submodule_attributes(__name__, {
     "config": ".config", "dataloader": ".dataloader", "lr_schedules": ".lr_schedules", "utils": ".utils",
     "zero": ".zero", "domino": ".domino", "engine": "dstrain.engine",
-})
+}, "deepspeed.runtime")

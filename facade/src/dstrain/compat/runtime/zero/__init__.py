@@ -7,6 +7,6 @@ from dszero import GatheredParameters, Init, ZeroParamStatus
 from ...lazy import submodule_attributes
 
 __getattr__ = submodule_attributes(__name__, {"partition_parameters": "dszero.partition_parameters",
-                                              "offload_config": ".offload_config"})
+                                              "offload_config": ".offload_config"}, "deepspeed.runtime.zero")
 
 __all__ = ["GatheredParameters", "Init", "ZeroParamStatus"]
