@@ -16,7 +16,8 @@ from deepspeed.accelerator import get_accelerator
 from deepspeed.compression.helper import recursive_getattr, recursive_setattr
 from deepspeed.ops.adam import FusedAdam
 from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
-from transformers import AutoModel, AutoModelForCausalLM
+from safetensors.torch import load_file
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 from transformers.integrations.deepspeed import HfDeepSpeedConfig
 
 PROMPT, ANSWER, MICRO = 4, 6, 2
@@ -81,6 +82,27 @@ class LoRALinear(torch.nn.Module):
         return F.linear(x, self.weight) + (x @ self.lora_right_weight) @ self.lora_left_weight
 
 
+def load_state_dict_into_model(model: torch.nn.Module, state_dict: dict, zero_stage: int) -> None:
+    """DeepSpeed-Chat's loader for a model built from its config: at ZeRO-3 each module's parameters are
+    gathered, rank 0 loads them and its values reach every shard (modifier_rank=0)."""
+    def load(module: torch.nn.Module, prefix: str = "") -> None:
+        args = (state_dict, prefix, {}, True, [], [], [])
+        if zero_stage == 3:
+            own = dict(module.named_parameters(prefix=prefix[:-1], recurse=False))
+            present = [param for name, param in own.items() if name in state_dict]
+            if present:
+                with deepspeed.zero.GatheredParameters(present, modifier_rank=0):
+                    if torch.distributed.get_rank() == 0:
+                        module._load_from_state_dict(*args)
+        else:
+            module._load_from_state_dict(*args)
+        for name, child in module._modules.items():
+            if child is not None:
+                load(child, f"{prefix}{name}.")
+
+    load(model)
+
+
 def params_to_fetch(params) -> list[torch.nn.Parameter]:
     return [p for p in params if hasattr(p, "ds_id") and p.ds_status == ZeroParamStatus.NOT_AVAILABLE]
 
@@ -108,7 +130,12 @@ def ppo_steps(stage: int, model_dir: str, steps: int = 2) -> dict[str, Any]:
     recursive_setattr(actor, "lm_head", LoRALinear(recursive_getattr(actor, "lm_head.weight")))
     actor_engine, *_ = deepspeed.initialize(model=actor, config=train_config(stage),
                                             optimizer=FusedAdam(actor.parameters(), lr=1e-3, betas=(0.9, 0.95)))
-    critic = ValueModel(AutoModel.from_pretrained(model_dir))
+    # The critic as DeepSpeed-Chat makes it for RLHF: built from its config (under zero.Init at ZeRO-3), then
+    # its weights loaded module by module.
+    body = AutoModel.from_config(AutoConfig.from_pretrained(model_dir))
+    weights = load_file(f"{model_dir}/model.safetensors")
+    load_state_dict_into_model(body, {k.removeprefix("model."): v for k, v in weights.items()}, stage)
+    critic = ValueModel(body)
     critic_engine, *_ = deepspeed.initialize(model=critic, config=train_config(stage),
                                              optimizer=FusedAdam(critic.parameters(), lr=1e-3, betas=(0.9, 0.95)))
     keep.append(HfDeepSpeedConfig(eval_config(eval_stage)) if eval_stage == 3 else None)
