@@ -54,26 +54,33 @@ def _engine_losses(stage: int, rank: int, world: int) -> list[float]:
     return losses
 
 
-def _trainer_and_engine(rank: int, world: int, out: str) -> dict:
-    from transformers import Trainer
+def _trainer_and_engine(rank: int, world: int, out: str, model_dir: str) -> dict:
+    from transformers import LlamaForCausalLM, Trainer
 
     join_as_accelerate_rank(rank, world)
     result = {}
     for stage in (2, 3):
-        trainer = Trainer(model=tiny_llama(), args=_arguments(out, auto_config(stage)), train_dataset=Tokens())
+        args = _arguments(out, auto_config(stage))
+        # As Hugging Face's documentation orders it: the arguments (and their DeepSpeed config) first, so that at
+        # ZeRO-3 from_pretrained builds the model under deepspeed.zero.Init.
+        model = LlamaForCausalLM.from_pretrained(model_dir)
+        partitioned = all(p.numel() == 0 for p in model.parameters())
+        trainer = Trainer(model=model, args=args, train_dataset=Tokens())
         trainer.train()
         engine = trainer.model_wrapped
         result[stage] = {"trainer": _logged_losses(trainer), "engine": _engine_losses(stage, rank, world),
                          "engine_type": f"{type(engine).__module__}.{type(engine).__name__}",
-                         "stage": engine.zero_optimization_stage()}
+                         "stage": engine.zero_optimization_stage(), "partitioned": partitioned}
         reset_accelerate()
     return result
 
 
 def test_trainer_at_zero_2_and_3_logs_the_losses_of_the_engine_trained_directly(tmp_path):
-    results = run_ranks(_trainer_and_engine, 2, str(tmp_path), timeout=240)
+    tiny_llama().save_pretrained(tmp_path / "model")
+    results = run_ranks(_trainer_and_engine, 2, str(tmp_path), str(tmp_path / "model"), timeout=240)
     for stage, run in results[0].items():
         assert run["engine_type"] == "dstrain.engine.deepspeed_engine.DeepSpeedEngine" and run["stage"] == stage
+        assert run["partitioned"] == (stage == 3)
         assert len(run["trainer"]) == STEPS
         # The Trainer normalises by the tokens of every rank, the script by its own: equal up to rounding.
         assert run["trainer"] == pytest.approx(run["engine"], rel=1e-6, abs=1e-6), stage
