@@ -27,5 +27,6 @@ def test_an_accelerate_script_with_a_deepspeed_plugin_trains_under_accelerate_la
     for stage in ("2", "3"):
         assert report[stage]["engine"] == "dstrain.engine.deepspeed_engine.DeepSpeedEngine"
         assert len(report[stage]["losses"]) == 8 and report[stage]["state_keys"] == 21
-    # ZeRO-3 partitions what ZeRO-2 keeps whole: the same training either way.
+    # ZeRO-3 partitions what ZeRO-2 keeps whole: the same training either way, and the engine's own loop's.
     assert report["3"]["losses"] == pytest.approx(report["2"]["losses"], rel=1e-6)
+    assert report["3"]["losses"] == pytest.approx(report["direct"], rel=1e-6)
