@@ -8,6 +8,7 @@ Standard library only: the alias finder (alias.py) uses it before torch loads.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 
@@ -55,6 +56,7 @@ def asked_by() -> str:
     return text + ")"
 
 
+@functools.cache  # a distribution's version does not change within a process
 def _version(package: str) -> str | None:
     try:
         from importlib.metadata import PackageNotFoundError, version

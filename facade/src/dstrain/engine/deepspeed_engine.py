@@ -17,6 +17,11 @@ from ..logs import log_on_rank0
 from .accessors import EngineAccessors
 from .parts import build_training_parts
 
+# Private methods of DeepSpeed's engine that integrations call (Accelerate, transformers): a missing one is named
+# with who asked, as a missing public one is.
+_DEEPSPEED_PRIVATE_API = {"_consolidated_16bit_state_dict", "_zero3_consolidated_16bit_state_dict",
+                          "_get_zero_param_shapes", "_optimizer_has_ckpt_event_prologue"}
+
 
 class DeepSpeedEngine(EngineAccessors, torch.nn.Module):
     """Built by `dstrain.initialize()`; `engine(*inputs)`, `engine.backward(loss)`, `engine.step()`."""
@@ -182,8 +187,8 @@ class DeepSpeedEngine(EngineAccessors, torch.nn.Module):
             module = self._modules.get("module")
             if module is not None and hasattr(module, name):
                 return getattr(module, name)
-            if name.startswith("_dstrain") or name.startswith("__"):
-                raise
+            if name.startswith("_") and name not in _DEEPSPEED_PRIVATE_API:
+                raise  # a probe of a private name (torch, Accelerate): no message to build
             from ..compat.callers import missing
 
             raise AttributeError(f"'DeepSpeedEngine' object has no attribute {name!r} (nor has its module "
