@@ -19,8 +19,8 @@ from .parts import build_training_parts
 
 # Private methods of DeepSpeed's engine that integrations call (Accelerate, transformers): a missing one is named
 # with who asked, as a missing public one is.
-_DEEPSPEED_PRIVATE_API = {"_consolidated_16bit_state_dict", "_zero3_consolidated_16bit_state_dict",
-                          "_get_zero_param_shapes", "_optimizer_has_ckpt_event_prologue"}
+# (Accelerate's get_state_dict calls _consolidated_16bit_state_dict under AutoTP, which this engine lacks.)
+_DEEPSPEED_PRIVATE_API = {"_consolidated_16bit_state_dict", "_zero3_consolidated_16bit_state_dict"}
 
 
 class DeepSpeedEngine(EngineAccessors, torch.nn.Module):
