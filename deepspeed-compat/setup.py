@@ -3,6 +3,7 @@ site-packages (it starts the `import deepspeed` hook in every Python of the envi
 to make a wheel for an environment that holds a real DeepSpeed (this runs in the target interpreter, under pip's
 build isolation too, so its site directories are the ones the wheel would go to)."""
 
+import importlib.util
 import os
 import site
 import sys
@@ -11,8 +12,20 @@ import sysconfig
 from setuptools import setup
 from setuptools.command.build_py import build_py
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "src"))
-from dstrain_deepspeed_compat.real_deepspeed import refusal, trace_in
+
+def _load_checks():
+    """This checkout's real_deepspeed.py, by its path: an installed copy of this package (an upgrade) is
+    imported already, by its own start-up hook, and may be older."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "src", "dstrain_deepspeed_compat",
+                        "real_deepspeed.py")
+    spec = importlib.util.spec_from_file_location("_dstrain_deepspeed_compat_build_checks", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_checks = _load_checks()
+installed_in, refusal = _checks.installed_in, _checks.refusal
 
 HOOK = "dstrain_deepspeed_compat.pth"
 ALLOW_ENV = "DSTRAIN_COMPAT_BUILD_ANYWHERE"  # "1": build a wheel to install elsewhere, whatever is installed here
@@ -27,7 +40,7 @@ def _target_site_dirs() -> list[str]:
 
 
 if os.environ.get(ALLOW_ENV) != "1":
-    real = trace_in(_target_site_dirs())
+    real = installed_in(_target_site_dirs(), packages=True)
     if real is not None:
         sys.exit(f"error: {refusal(real, 'pip install dstrain-deepspeed-compat')}. Nothing was installed "
                  f"({ALLOW_ENV}=1 builds the wheel anyway, to install in another environment)")

@@ -141,11 +141,19 @@ def test_beside_a_real_deepspeed_it_refuses_to_work_and_says_why(tmp_path):
     assert shadowed.returncode == 0 and shadowed.stdout.strip() == "dstrain" and "shadowing" in shadowed.stderr
 
 
-def test_a_folder_named_deepspeed_is_not_a_real_deepspeed(tmp_path):
+def test_a_folder_named_deepspeed_is_not_deepspeed_and_a_scripts_own_module_is_left_to_it(tmp_path):
     (tmp_path / "deepspeed").mkdir()  # e.g. a project's folder of DeepSpeed configs, in the working directory
     (tmp_path / "deepspeed" / "zero3.json").write_text("{}")
     run = python("import deepspeed; print(deepspeed.__name__)", cwd=tmp_path)
     assert run.returncode == 0 and run.stdout.strip() == "dstrain", run.stderr
+    # A deepspeed.py beside the script (no installed metadata) is the script's own, as dstrain's launcher leaves it.
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "deepspeed.py").write_text("MINE = True\n")
+    run = python("import importlib.metadata as m, importlib.util as u\n"
+                 "try:\n    m.version('deepspeed')\nexcept m.PackageNotFoundError:\n    print('no metadata')\n"
+                 "import deepspeed; print(deepspeed.MINE)", cwd=mine)
+    assert run.returncode == 0 and run.stdout.split() == ["no", "metadata", "True"], run.stderr
 
 
 def test_it_refuses_to_install_over_a_real_deepspeed(tmp_path):

@@ -14,20 +14,20 @@ Each refuses, saying so, where a real DeepSpeed is installed beside this package
 from __future__ import annotations
 
 import importlib.util
-import os
 import runpy
 import sys
 
 from .real_deepspeed import refusal
-from .startup import SHADOW_ENV, DeepSpeedFromDstrain
+from .startup import DeepSpeedFromDstrain
 
 UNIVERSAL_MODULE = "dstrain.checkpoint.ds_to_universal"
 
 
 def _refuse_beside_real_deepspeed(command: str) -> None:
-    real = DeepSpeedFromDstrain().real_deepspeed()
-    if real is not None and os.environ.get(SHADOW_ENV) != "1":
-        sys.exit(f"{command}: error: {refusal(real, command)}")
+    finder = DeepSpeedFromDstrain()
+    installed = finder.installed_deepspeed()
+    if installed is not None and not finder.shadowing():
+        sys.exit(f"{command}: error: {refusal(installed, command)}")
 
 
 def deepspeed() -> int:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ._version import DEEPSPEED_API_VERSION, __version__
+from .real_deepspeed import on_the_path
 
 VERSION = f"{DEEPSPEED_API_VERSION}+dstrain.{__version__}"
 SITE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where this package is installed
@@ -41,14 +42,13 @@ class DstrainDeepSpeed(importlib.metadata.Distribution):
 
 def announced_distributions(finder: Any, context: Any) -> Any:
     """What the finder answers: the distribution, when the search covers this package's site directory (a search
-    of other folders, as pip makes of a target, must not see it) and no real DeepSpeed's metadata is there to
-    answer instead (a real one beside this package is refused at import; see startup.py)."""
+    of other folders, as pip makes of a target, must not see it) and no other DeepSpeed is there: an installed
+    one's metadata answers instead (and its import is refused), a local module is not dstrain's (startup.py).
+    Only the path is looked at, never other import finders (pip's refuses to be asked while it installs)."""
     paths = getattr(context, "path", None)
     if paths is None or not any(_same_dir(entry, SITE_DIR) for entry in paths):
         return iter(())
-    from .startup import SHADOW_ENV
-
-    if os.environ.get(SHADOW_ENV) != "1" and finder.real_deepspeed() is not None:
+    if not finder.shadowing() and (finder.installed_deepspeed() is not None or on_the_path() is not None):
         return iter(())
     return iter((DstrainDeepSpeed(),))
 

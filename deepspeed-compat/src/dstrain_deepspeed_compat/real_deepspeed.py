@@ -1,11 +1,15 @@
-"""Is a real DeepSpeed installed here? Asked at build time (setup.py, before this package installs) and at run
-time (before `import deepspeed` is served from dstrain). Standard library only: it runs at interpreter start-up
-and inside pip's build.
+"""Is another DeepSpeed here? Asked at build time (setup.py, before this package installs) and at run time
+(before `import deepspeed` is served from dstrain). Standard library only: it runs at interpreter start-up and
+inside pip's build.
 
-A real DeepSpeed shows as its metadata in a directory of the path (`deepspeed-<version>.dist-info`,
-`deepspeed.egg-info`, an editable install's `__editable__.deepspeed-*` hook), as its package there (a `deepspeed/`
-folder with an `__init__.py`: a folder without one, say of configs, is not DeepSpeed), or as a spec that another
-import finder (an editable install's own) returns for `deepspeed`.
+Two kinds, treated differently:
+- an **installed** DeepSpeed leaves its metadata in a directory of the path (`deepspeed-<version>.dist-info`,
+  `deepspeed.egg-info`, an editable install's `__editable__.deepspeed-*` hook): this package refuses to install
+  or to work beside it;
+- a **local** `deepspeed` module or package without metadata (a script's own `deepspeed.py`, a source tree on
+  PYTHONPATH) is the script's own: `import deepspeed` is left to it, as dstrain's launcher leaves it, and no
+  `deepspeed` distribution is announced. A folder named `deepspeed` without an `__init__.py` (a project's
+  configs) is neither.
 """
 
 from __future__ import annotations
@@ -19,8 +23,9 @@ import sys
 _METADATA = r"^(deepspeed-[^/]+\.(dist-info|egg-info)|deepspeed\.egg-(info|link)|__editable__\.deepspeed-.+)$"
 
 
-def trace_in(directories: list[str]) -> str | None:
-    """The first file or folder of an installed DeepSpeed (its metadata, or its package) in `directories`."""
+def installed_in(directories: list[str], packages: bool = False) -> str | None:
+    """The first trace of an installed DeepSpeed in `directories`: its metadata, and with `packages` its package
+    folder too (a site-packages directory holds nothing else named so)."""
     import re
 
     metadata = re.compile(_METADATA)
@@ -31,14 +36,26 @@ def trace_in(directories: list[str]) -> str | None:
             continue  # a missing entry of sys.path, a zip file, ...
         for name in names:
             path = os.path.join(directory or ".", name)
-            if metadata.match(name.lower()) or (name == "deepspeed" and os.path.isfile(os.path.join(path, "__init__.py"))):
+            if metadata.match(name.lower()):
+                return path
+            if packages and name == "deepspeed" and os.path.isfile(os.path.join(path, "__init__.py")):
                 return path
     return None
 
 
+def on_the_path() -> str | None:
+    """Where Python's path finder would import a `deepspeed` module or package from (not a bare folder), or None.
+    Only the path finder is asked: other meta-path finders may refuse to be asked (pip's, while it installs)."""
+    from importlib.machinery import PathFinder
+
+    spec = PathFinder.find_spec("deepspeed", None)
+    return spec.origin if spec is not None and spec.origin not in (None, "namespace") else None
+
+
 def found_by_other_finders(skip: list[object]) -> str | None:
-    """Where another sys.meta_path finder (not one of `skip`, nor one serving deepspeed from dstrain) would
-    import `deepspeed` from, or None."""
+    """Where another sys.meta_path finder (not one of `skip`, nor one serving deepspeed from dstrain) would import
+    `deepspeed` from (an editable install's own finder included), or None. Asked only while `deepspeed` is being
+    imported."""
     skipped = {id(finder) for finder in skip}
     for finder in list(sys.meta_path):
         if id(finder) in skipped or getattr(finder, "root", None) == "deepspeed":

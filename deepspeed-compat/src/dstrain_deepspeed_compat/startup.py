@@ -7,8 +7,10 @@ process that never touches DeepSpeed pays for one list insert.
   (`dstrain.compat.alias.MAPPED_PATHS`), loaded on the first such import.
 - `importlib.metadata.version("deepspeed")` answers `<DeepSpeed API version>+dstrain.<version>`, which is what
   transformers and Accelerate look for before they enable their DeepSpeed integration.
-- Where a real DeepSpeed is installed too, `import deepspeed` raises an ImportError saying so (unless
-  DSTRAIN_SHADOW_DEEPSPEED=1) and the metadata is left to the real one.
+- Where a real DeepSpeed is installed too (its metadata on the path), `import deepspeed` raises an ImportError
+  saying so (unless DSTRAIN_SHADOW_DEEPSPEED=1) and the metadata is left to the real one. A `deepspeed`
+  module of the script's own (no metadata: a deepspeed.py beside it, a source tree on PYTHONPATH) is left to
+  Python, as dstrain's launcher leaves it, and no distribution is announced (real_deepspeed.py).
 - DSTRAIN_DEEPSPEED_ALIAS=0 (the launcher's --no_deepspeed_alias) turns both off for a process.
 """
 
@@ -17,7 +19,7 @@ from __future__ import annotations
 import os
 import sys
 
-from .real_deepspeed import found_by_other_finders, refusal, trace_in
+from .real_deepspeed import found_by_other_finders, installed_in, refusal
 
 ALIAS_ENV = "DSTRAIN_DEEPSPEED_ALIAS"  # "0": leave `import deepspeed` and its metadata alone
 SHADOW_ENV = "DSTRAIN_SHADOW_DEEPSPEED"  # "1": serve dstrain even beside a real DeepSpeed (as dstrain.as_deepspeed)
@@ -40,19 +42,23 @@ class DeepSpeedFromDstrain:
     def __init__(self) -> None:
         self._table: object = None  # dstrain's alias finder, made on the first `deepspeed` import
         self._warned = False
-        self._real: tuple[object, str | None] = (None, None)  # (the path it was looked up on, the answer)
+        self._installed: tuple[object, str | None] = (None, None)  # (sys.path it was looked up on, the answer)
 
     @staticmethod
     def enabled() -> bool:
         return os.environ.get(ALIAS_ENV, "1") != "0"
 
-    def real_deepspeed(self) -> str | None:
-        """Where a real DeepSpeed is installed (its package or its metadata on sys.path), or None. Asked again
-        only when sys.path or sys.meta_path changed: metadata enumerations ask often."""
-        key = (tuple(sys.path), tuple(id(finder) for finder in sys.meta_path))
-        if self._real[0] != key:
-            self._real = (key, found_by_other_finders(skip=[self]) or trace_in(sys.path))
-        return self._real[1]
+    @staticmethod
+    def shadowing() -> bool:
+        return os.environ.get(SHADOW_ENV) == "1"
+
+    def installed_deepspeed(self) -> str | None:
+        """Where an installed DeepSpeed's metadata is on sys.path, or None. Looked up again only when sys.path
+        changed: metadata enumerations ask often."""
+        key = tuple(sys.path)
+        if self._installed[0] != key:
+            self._installed = (key, installed_in(sys.path))
+        return self._installed[1]
 
     def find_spec(self, fullname: str, path: object = None, target: object = None) -> object:
         if fullname != "deepspeed" and not fullname.startswith("deepspeed."):
@@ -60,20 +66,27 @@ class DeepSpeedFromDstrain:
         if not self.enabled():
             return None
         if self._table is None:
+            installed = self.installed_deepspeed()
+            if installed is not None and not self.shadowing():
+                raise ImportError(refusal(installed, "import deepspeed"), name="deepspeed")
+            local = found_by_other_finders(skip=[self])
+            if local is not None and not self.shadowing():
+                return None  # the script's own deepspeed (no metadata): Python imports it, as dstrain's launcher leaves it
+            if installed or local:
+                self._warn_shadowing(installed or local)
             self._table = self._load_table()
         return self._table.find_spec(fullname, path, target)
 
-    def _load_table(self) -> object:
-        real = self.real_deepspeed()
-        if real is not None:
-            if os.environ.get(SHADOW_ENV) != "1":
-                raise ImportError(refusal(real, "import deepspeed"), name="deepspeed")
-            if not self._warned:
-                import warnings
+    def _warn_shadowing(self, where: str) -> None:
+        if not self._warned:
+            import warnings
 
-                self._warned = True
-                warnings.warn(f"dstrain-deepspeed-compat: shadowing the DeepSpeed installed at {real} "
-                              f"({SHADOW_ENV}=1): `import deepspeed` gives dstrain", stacklevel=3)
+            self._warned = True
+            warnings.warn(f"dstrain-deepspeed-compat: shadowing the DeepSpeed at {where} ({SHADOW_ENV}=1): "
+                          f"`import deepspeed` gives dstrain", stacklevel=4)
+
+    @staticmethod
+    def _load_table() -> object:
         try:
             from dstrain.compat.alias import deepspeed_finder
         except ImportError as exc:
