@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import sysconfig
+import uuid
 from pathlib import Path
 
 import dstrain_deepspeed_compat
@@ -171,3 +172,23 @@ def test_it_refuses_to_install_over_a_real_deepspeed(tmp_path):
     assert run.returncode != 0
     assert "a real DeepSpeed is installed" in run.stdout + run.stderr and "Nothing was installed" in run.stdout + run.stderr
     assert not list(site.glob("dstrain_deepspeed_compat*")), "the refused package was installed anyway"
+
+
+def test_pip_installs_reinstalls_and_removes_packages_with_the_hook_in_place(tmp_path):
+    # pip refuses any import while it installs and asks for metadata then: the hook must answer without importing.
+    name = f"compat_probe_{uuid.uuid4().hex[:8]}"
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "__init__.py").write_text("")
+    (tmp_path / "pyproject.toml").write_text(f'[build-system]\nrequires = ["setuptools>=77"]\n'
+                                             f'build-backend = "setuptools.build_meta"\n'
+                                             f'[project]\nname = "{name}"\nversion = "1.0"\n')
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
+    steps = [[*pip, "install", "--no-deps", "--no-index", "--no-build-isolation", str(tmp_path)],
+             [*pip, "install", "--no-deps", "--no-index", "--no-build-isolation", "--force-reinstall", str(tmp_path)],
+             [*pip, "uninstall", "-y", name]]
+    try:
+        for step in steps:
+            run = subprocess.run(step, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+            assert run.returncode == 0 and "Blocked import" not in run.stderr, run.stderr[-2000:]
+    finally:
+        subprocess.run([*pip, "uninstall", "-y", name], capture_output=True, timeout=300)

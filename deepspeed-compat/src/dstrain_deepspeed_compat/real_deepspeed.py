@@ -26,7 +26,7 @@ _METADATA = r"^(deepspeed-[^/]+\.(dist-info|egg-info)|deepspeed\.egg-(info|link)
 def installed_in(directories: list[str], packages: bool = False) -> str | None:
     """The first trace of an installed DeepSpeed in `directories`: its metadata, and with `packages` its package
     folder too (a site-packages directory holds nothing else named so)."""
-    import re
+    import re  # loaded by whoever asks for metadata (pip, importlib.metadata); not worth a start-up import
 
     metadata = re.compile(_METADATA)
     for directory in directories:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import sys
 
+from .distribution import announced_distributions
 from .real_deepspeed import found_by_other_finders, installed_in, refusal
 
 ALIAS_ENV = "DSTRAIN_DEEPSPEED_ALIAS"  # "0": leave `import deepspeed` and its metadata alone
@@ -101,8 +102,6 @@ class DeepSpeedFromDstrain:
             return iter(())  # the common case (every other package's version lookup): nothing to load
         if not self.enabled():
             return iter(())
-        from .distribution import announced_distributions
-
         return announced_distributions(self, context)
 
 
