@@ -4,7 +4,9 @@
   data group's first rank, without what other files hold (the experts' own files; at ZeRO stage 3 the
   trained parameters, which live in ZeRO's shards; frozen ones under exclude_frozen_parameters);
 - pipeline: one file per layer (dspipe writes them through `LayerFiles`, each recording its layer and
-  its name prefix in the module, so the checkpoint reads whole without the model);
+  its name prefix in the module, so the checkpoint reads whole without the model); with tensor
+  parallelism (3D) one per layer and tensor rank (`layer_XX-model_YY-...`, recording "model": YY), merged
+  by the saved plan when read whole;
 - experts: one file per (MoE layer, global expert), experts.py.
 
 At another layout every file is read whole by name (tensor-parallel shards merged by the saved plan,
@@ -26,7 +28,7 @@ import dszero
 from ..errors import CheckpointLoadError, DstrainError
 from .contents import MASTER
 from .experts import expert_state_names, load_expert_files, read_expert_files, save_expert_files
-from .files import MODEL_FILE, ZERO_DIR, parse_layer_file
+from .files import MODEL_FILE, ZERO_DIR, layer_file_tensor_rank, parse_layer_file
 from .saved import EXCLUDED_FROZEN
 
 if TYPE_CHECKING:
@@ -51,8 +53,9 @@ class LayerFiles:
 
     def save(self, state_dict: dict, path: Path) -> None:
         layer = parse_layer_file(Path(path).name)
+        model = layer_file_tensor_rank(Path(path).name)
         metadata = self.out.record("layer", placed=False, layer=layer, prefix=self.prefixes.get(layer, ""),
-                                   written_by=self.out.layout.place())
+                                   written_by=self.out.layout.place(), **({"model": model} if model is not None else {}))
         dsaio.save_state_dict(state_dict, path, metadata=metadata)
 
     def load(self, path: Path) -> dict:
@@ -123,22 +126,23 @@ class ModuleWeights:
     def read(saved: SavedCheckpoint, whole: WholeCheckpoint) -> None:
         """Every saved tensor of the module, whole (after OptimizerState.read: stage 3's are its masters)."""
         layout = saved.layout
+        plan = layout.plan(saved.path)
+        by_name: dict[str, dict[int, torch.Tensor]] = {}  # name -> {tensor rank: its cut}
         if layout.pipe is not None:
             for relative, record in saved.records.items():
                 if record.get("kind") == "layer":
                     prefix = record.get("prefix")
                     if not isinstance(prefix, str):
                         raise CheckpointLoadError(f"{saved.path / relative}: its record names no prefix")
-                    tensors = dsaio.load_state_dict(saved.path / relative)
-                    whole.module.update({prefix + name: tensor for name, tensor in tensors.items()})
+                    tensor_rank = record.get("model") or 0
+                    for name, tensor in dsaio.load_state_dict(saved.path / relative).items():
+                        by_name.setdefault(prefix + name, {})[tensor_rank] = tensor
         else:
-            plan = layout.plan(saved.path)
-            by_name: dict[str, dict[int, torch.Tensor]] = {}
             for place, directory in saved.directories():
                 for name, tensor in dsaio.load_state_dict(directory / MODEL_FILE).items():
                     by_name.setdefault(name, {})[place.get("tp", [0])[0]] = tensor
                 whole.module.update(read_expert_files(directory, layout.stacked))
-            whole.module.update({name: layout.merge(name, shards, plan) for name, shards in by_name.items()})
+        whole.module.update({name: layout.merge(name, shards, plan) for name, shards in by_name.items()})
         dtypes = saved.common.get(SHARDED_DTYPES) or {}
         if not isinstance(dtypes, dict) or not all(value in _DTYPES for value in dtypes.values()):
             raise CheckpointLoadError(f"{saved.path}: {SHARDED_DTYPES} must map parameter names to "

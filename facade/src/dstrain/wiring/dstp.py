@@ -4,11 +4,17 @@ The model is cut over the layout's tensor group before anything else sees it; th
 parameters then come back as parameter groups in which every tensor-replicated parameter carries
 `"norm_replicas": tp_size` (dszero's key), so ZeRO, partitioning over the data group, computes the
 global gradient norm with each shard counted once per tensor rank and each replicated weight once.
+
+A PipelineModule (3D parallelism, as Megatron-DeepSpeed runs it) holds only its stage's layers; its
+plan is planned over every stage's parameters (gathered over the pipe group), so each stage cuts its
+layers by the whole model's plan, a rule is checked against every parameter it may match, and a
+checkpoint records one plan that merges and cuts every layer file.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
 import torch
@@ -17,6 +23,7 @@ import dscomm
 from dsconfig import ConfigError, DeepSpeedConfig, Problem
 
 from ..errors import UnsupportedFeatureError
+from .dspipe import is_pipeline_module
 from .optional_libs import require
 
 TP_INIT_ATTR = "_dstrain_tp_model_init"  # what dstrain.tp_model_init recorded on a model
@@ -47,9 +54,11 @@ def apply_tensor_parallel(composed: Any, config: DeepSpeedConfig, groups: Any) -
                                                True)])
     dstp = require("dstp", "tensor_parallel.autotp_size > 1 (AutoTP)")
     try:
-        state = dstp.parallelize(model, groups.tensor, tp_overlap_comm=section.tp_overlap_comm,
-                                 preset_model=section.preset_model, partition_config=section.partition_config,
-                                 vocab_parallel_lm_head=section.vocab_parallel_lm_head)
+        plan = dstp.plan_for(model, tp_size, preset_model=section.preset_model,
+                             partition_config=section.partition_config,
+                             vocab_parallel_lm_head=section.vocab_parallel_lm_head,
+                             params=pipeline_params(model, groups, dstp))
+        state = dstp.parallelize(model, groups.tensor, plan, tp_overlap_comm=section.tp_overlap_comm)
     except dstp.TensorParallelError as exc:
         raise ConfigError(Problem("tensor_parallel", str(exc))) from None
     if dscomm.get_rank() == 0:
@@ -61,6 +70,34 @@ def apply_tensor_parallel(composed: Any, config: DeepSpeedConfig, groups: Any) -
         log_on_rank0(0, f"AutoTP: {tp_size} tensor ranks, rules from {state.plan.source}: {summary}")
     parameters = replica_aware_groups(composed.model_parameters, model, tp_size)
     return dataclasses.replace(composed, model_parameters=parameters)
+
+
+def pipeline_params(model: torch.nn.Module, groups: Any, dstp: Any) -> list[Any] | None:
+    """Every pipeline stage's parameters as dstp plans them (None for a model that is not a pipeline of
+    several stages); collective over the pipe group."""
+    if not is_pipeline_module(model) or groups is None or groups.size("pipe") == 1:
+        return None
+    mine = [dataclasses.asdict(info) for info in dstp.param_infos(model)]
+    merged: dict[str, Any] = {}
+    for stage in all_gather_json(mine, groups.pipe):
+        for raw in stage:  # a tied module is on several stages, alike
+            merged.setdefault(raw["name"], dstp.ParamInfo(raw["name"], tuple(raw["shape"]), raw["module_kind"],
+                                                          tuple(raw["aliases"])))
+    return list(merged.values())
+
+
+def all_gather_json(value: Any, group: Any) -> list[Any]:
+    """`value` (plain JSON data) from every rank of `group`, in group-rank order; nothing is pickled."""
+    payload = torch.tensor(list(json.dumps(value).encode()), dtype=torch.uint8)
+    world = torch.distributed.get_world_size(group)
+    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
+    torch.distributed.all_gather(sizes, torch.tensor([payload.numel()], dtype=torch.int64), group=group)
+    longest = max(int(size.item()) for size in sizes)
+    padded = torch.zeros(longest, dtype=torch.uint8)
+    padded[:payload.numel()] = payload
+    buffers = [torch.empty(longest, dtype=torch.uint8) for _ in range(world)]
+    torch.distributed.all_gather(buffers, padded, group=group)
+    return [json.loads(bytes(buf[:int(size.item())].tolist()).decode()) for buf, size in zip(buffers, sizes)]
 
 
 def replica_aware_groups(model_parameters: Any, model: torch.nn.Module, tp_size: int) -> list[dict[str, Any]]:
