@@ -184,7 +184,13 @@ class SavedLayout:
             raise CheckpointLoadError(f"{where}: {exc}") from None
 
     def merge(self, name: str, by_tensor_rank: dict[int, torch.Tensor], plan: Any) -> torch.Tensor:
-        """The whole tensor `name` from the saved tensor ranks' pieces (`plan`: self.plan())."""
+        """The whole tensor `name` from the saved tensor ranks' pieces (`plan`: self.plan()); AutoEP experts
+        split over the tensor ranks are stacked in tensor-rank order."""
+        if self.stacked.get(name, {}).get("over") == "tensor":
+            if sorted(by_tensor_rank) != list(range(self.tp_size)):
+                raise CheckpointLoadError(f"{name}: experts saved by tensor ranks {sorted(by_tensor_rank)} of "
+                                          f"{self.tp_size}")
+            return torch.cat([by_tensor_rank[r] for r in range(self.tp_size)])
         pp = plan.params.get(name) if plan is not None else None
         if pp is None or not pp.sharded:
             return next(iter(by_tensor_rank.values()))

@@ -138,10 +138,11 @@ class ModuleWeights:
                     for name, tensor in dsaio.load_state_dict(saved.path / relative).items():
                         by_name.setdefault(prefix + name, {})[tensor_rank] = tensor
         else:
-            for place, directory in saved.directories():
+            directories = saved.directories()
+            for place, directory in directories:
                 for name, tensor in dsaio.load_state_dict(directory / MODEL_FILE).items():
                     by_name.setdefault(name, {})[place.get("tp", [0])[0]] = tensor
-                whole.module.update(read_expert_files(directory, layout.stacked))
+            whole.module.update(read_expert_files([directory for _, directory in directories], layout.stacked))
         whole.module.update({name: layout.merge(name, shards, plan) for name, shards in by_name.items()})
         dtypes = saved.common.get(SHARDED_DTYPES) or {}
         if not isinstance(dtypes, dict) or not all(value in _DTYPES for value in dtypes.values()):

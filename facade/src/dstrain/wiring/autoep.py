@@ -38,20 +38,21 @@ def apply_autoep(composed: Any, config: DeepSpeedConfig, groups: Any,
     ep = config.expert_parallel
     if not ep.enabled:
         return composed
-    if config.zero_optimization.stage == 3:
-        raise UnsupportedFeatureError([Problem(
-            "zero_optimization.stage", "AutoEP (expert_parallel.enabled) runs at ZeRO stages 0-2 here: stage 3 "
-                                       "would partition the experts over the data-parallel group, which holds "
-                                       "different experts on different ranks; use stage 1 or 2", 3)])
-    data = groups.size("data") if groups is not None else dscomm.groups.get_data_parallel_world_size()
-    if data % ep.autoep_size:
-        valid = [d for d in range(1, data + 1) if data % d == 0]
-        raise UnsupportedFeatureError([Problem("expert_parallel.autoep_size", f"must divide the data-parallel size "
-                                                                              f"{data}; valid: {valid}", ep.autoep_size)])
-    ep_group, ep_data_group = expert_groups(groups, ep.autoep_size)
+    over_tensor = experts_over_tensor_ranks(config, groups)
+    if over_tensor:  # the tensor group holds the same tokens: each rank a share of the experts, none exchanged
+        ep_group, ep_data_group = groups.tensor, groups.data
+    else:
+        data = groups.size("data") if groups is not None else dscomm.groups.get_data_parallel_world_size()
+        if data % ep.autoep_size:
+            valid = sorted({d for d in range(1, data + 1) if data % d == 0} | {tensor_size(groups)} - {1})
+            raise UnsupportedFeatureError([Problem(
+                "expert_parallel.autoep_size", f"must divide the data-parallel size {data}"
+                                               f"{' or equal tensor_parallel.autotp_size' if tensor_size(groups) > 1 else ''}"
+                                               f"; valid: {valid or [1]}", ep.autoep_size)])
+        ep_group, ep_data_group = expert_groups(groups, ep.autoep_size)
     model = composed.model
     before = dict(model.named_parameters())
-    autoep.apply(model, ep, ep_group if ep.autoep_size > 1 else None)
+    autoep.apply(model, ep, ep_group if ep.autoep_size > 1 else None, replicated_tokens=over_tensor)
     for _, layer in autoep.autoep_layers(model):
         layer.expert_data_group = ep_data_group
     after = dict(model.named_parameters())
@@ -60,7 +61,30 @@ def apply_autoep(composed: Any, config: DeepSpeedConfig, groups: Any,
     _SWAPPED[model] = swapped
     parameters = _renewed(composed.model_parameters, swapped, model)
     split = [group for group in dsmoe.configure_moe_param_groups(parameters) if group["params"]]
+    replicas = expert_norm_replicas(config, groups)
+    for group in split:  # the tensor step counted the whole experts as replicated; placed, they may not be
+        if dsmoe.is_moe_param_group(group) and tensor_size(groups) > 1:
+            group["norm_replicas"] = replicas
     return dataclasses.replace(composed, model_parameters=split)
+
+
+def tensor_size(groups: Any) -> int:
+    return groups.size("tensor") if groups is not None else 1
+
+
+def experts_over_tensor_ranks(config: DeepSpeedConfig, groups: Any) -> bool:
+    """Whether AutoEP beside AutoTP splits the experts over the tensor-parallel group (autoep_size equal to
+    autotp_size), rather than over data-parallel ranks (autoep_size dividing the data-parallel size, each
+    tensor rank holding the same experts); see dsmoe's README for the group arithmetic."""
+    tensor = tensor_size(groups)
+    return config.expert_parallel.enabled and tensor > 1 and config.expert_parallel.autoep_size == tensor
+
+
+def expert_norm_replicas(config: DeepSpeedConfig, groups: Any) -> int:
+    """How many ranks of the norm group hold each AutoEP expert's gradient besides its ZeRO group: every
+    tensor rank when the experts are split over data ranks beside AutoTP, else none."""
+    tensor = tensor_size(groups)
+    return 1 if tensor == 1 or experts_over_tensor_ranks(config, groups) else tensor
 
 
 def _renewed(parameters: Any, swapped: dict[int, Any], model: torch.nn.Module) -> Any:

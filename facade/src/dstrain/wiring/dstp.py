@@ -57,7 +57,8 @@ def apply_tensor_parallel(composed: Any, config: DeepSpeedConfig, groups: Any) -
         plan = dstp.plan_for(model, tp_size, preset_model=section.preset_model,
                              partition_config=section.partition_config,
                              vocab_parallel_lm_head=section.vocab_parallel_lm_head,
-                             params=pipeline_params(model, groups, dstp))
+                             params=pipeline_params(model, groups, dstp), keep_whole=autoep_placed(model, config),
+                             keep_whole_why="expert_parallel (AutoEP places the experts and routers)")
         state = dstp.parallelize(model, groups.tensor, plan, tp_overlap_comm=section.tp_overlap_comm)
     except dstp.TensorParallelError as exc:
         raise ConfigError(Problem("tensor_parallel", str(exc))) from None
@@ -70,6 +71,14 @@ def apply_tensor_parallel(composed: Any, config: DeepSpeedConfig, groups: Any) -
         log_on_rank0(0, f"AutoTP: {tp_size} tensor ranks, rules from {state.plan.source}: {summary}")
     parameters = replica_aware_groups(composed.model_parameters, model, tp_size)
     return dataclasses.replace(composed, model_parameters=parameters)
+
+
+def autoep_placed(model: torch.nn.Module, config: DeepSpeedConfig) -> list[str]:
+    """The modules AutoEP will place (step 2): experts split over expert-parallel ranks, routers replicated;
+    the tensor plan keeps them whole."""
+    if not config.expert_parallel.enabled:
+        return []
+    return require("dsmoe.autoep", "expert_parallel.enabled (AutoEP)").placed_modules(model, config.expert_parallel)
 
 
 def pipeline_params(model: torch.nn.Module, groups: Any, dstp: Any) -> list[Any] | None:

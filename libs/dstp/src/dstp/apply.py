@@ -10,7 +10,9 @@ from __future__ import annotations
 import copy
 import inspect
 import logging
+import re
 import types
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +29,7 @@ from .overlap import batch_size, merge_batch, split_batch
 from .plan import ParamInfo, TensorParallelPlan, build_plan
 from .rules import resolve_specs
 from .shard import shard_tensor
+from .specs import LayerSpec
 from .vocab import VocabParallelCausalLMLoss
 
 _log = logging.getLogger("dstp")
@@ -80,12 +83,18 @@ def param_infos(model: nn.Module) -> list[ParamInfo]:
 
 
 def plan_for(model: nn.Module, tp_size: int, *, preset_model: str | None = None, partition_config: Any = None,
-             vocab_parallel_lm_head: bool = False, params: list[ParamInfo] | None = None) -> TensorParallelPlan:
+             vocab_parallel_lm_head: bool = False, params: list[ParamInfo] | None = None,
+             keep_whole: Sequence[str] = (), keep_whole_why: str = "kept whole") -> TensorParallelPlan:
     """The plan for `model` from the config's keys (see rules.resolve_specs), without changing it. `params`:
     the parameters to plan (default: param_infos(model)); a pipeline stage plans every stage's, so that its
-    plan is the whole model's and a rule is checked against every parameter it may match."""
+    plan is the whole model's and a rule is checked against every parameter it may match. `keep_whole`:
+    module names whose parameters stay whole before any rule applies (what another parallelism places:
+    AutoEP's experts and routers), `keep_whole_why` saying so in the plan."""
     geometry = ModelGeometry.from_config(getattr(model, "config", None))
     specs, source, notes = resolve_specs(preset_model, partition_config, geometry)
+    if keep_whole:
+        pattern = "(?:" + "|".join(re.escape(name) for name in keep_whole) + r")\..+"
+        specs = [LayerSpec(patterns=(pattern,), partition_type="skip", source=keep_whole_why), *specs]
     plan = build_plan(param_infos(model) if params is None else params, specs, tp_size, geometry, source=source,
                       vocab_parallel_lm_head=vocab_parallel_lm_head)
     plan.notes += notes
