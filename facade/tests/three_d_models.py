@@ -20,16 +20,36 @@ def llama_config():
                                     max_position_embeddings=32, tie_word_embeddings=True)
 
 
+def mixtral_config():
+    import transformers
+
+    return transformers.MixtralConfig(hidden_size=HIDDEN, intermediate_size=24, num_hidden_layers=LAYERS,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=VOCAB,
+                                      max_position_embeddings=32, num_local_experts=4, num_experts_per_tok=2,
+                                      tie_word_embeddings=True)
+
+
 class DecoderLayer(nn.Module):
-    """One Hugging Face LlamaDecoderLayer on hidden states alone (causal, positions 0..seq-1)."""
+    """One Hugging Face decoder layer (Llama, or Mixtral with its MoE block) on hidden states alone (causal,
+    positions 0..seq-1)."""
 
-    def __init__(self, index: int):
+    def __init__(self, index: int, family: str = "llama"):
         super().__init__()
-        from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
-
-        config = llama_config()
-        self.layer = LlamaDecoderLayer(config, index)
-        self.rotary = LlamaRotaryEmbedding(config)
+        if family == "llama":
+            from transformers.models.llama.modeling_llama import LlamaDecoderLayer as Layer
+            from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding as Rotary
+            config = llama_config()
+        else:
+            from transformers.models.mixtral.modeling_mixtral import MixtralDecoderLayer as Layer
+            from transformers.models.mixtral.modeling_mixtral import MixtralRotaryEmbedding as Rotary
+            config = mixtral_config()
+        self.layer = Layer(config, index)
+        self.rotary = Rotary(config)
+        if family == "mixtral":  # experts that differ, large enough to route unevenly
+            generator = torch.Generator().manual_seed(100 + index)
+            with torch.no_grad():
+                for param in self.layer.mlp.parameters():
+                    param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
 
     def forward(self, hidden):
         positions = torch.arange(hidden.shape[1]).unsqueeze(0)
@@ -49,6 +69,30 @@ class FinalNorm(nn.Module):
         return self.norm(hidden)
 
 
+class MoEBlock(nn.Module):
+    """A residual dsmoe MoE layer (top-1, no token dropped, no random draw), its experts initialised by global
+    expert id (`ep_rank`: this rank's place in its expert-parallel group, known when the pipeline builds it)."""
+
+    def __init__(self, index: int, ep_size: int = 1, ep_rank: int = 0):
+        super().__init__()
+        import dsmoe
+
+        expert = nn.Sequential(nn.Linear(HIDDEN, 24), nn.GELU(), nn.Linear(24, HIDDEN))
+        self.moe = dsmoe.MoE(HIDDEN, expert, num_experts=4, ep_size=ep_size, k=1, use_rts=False, drop_tokens=False,
+                             min_capacity=0)
+        local = self.moe.num_local_experts
+        with torch.no_grad():
+            for offset, module in enumerate(self.moe.deepspeed_moe.experts.deepspeed_experts):
+                expert_id = ep_rank * local + offset
+                for name, param in module.named_parameters():
+                    generator = torch.Generator().manual_seed(1000 * index + 10 * expert_id + len(name))
+                    param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
+
+    def forward(self, hidden):
+        out, _, _ = self.moe(hidden)  # l_aux stays on its stage (no loss term crosses a pipeline here)
+        return hidden + out
+
+
 def project(embedding, hidden):
     return hidden @ embedding.weight.t()
 
@@ -64,12 +108,12 @@ def specs(body=None):
             LayerSpec(FinalNorm), TiedLayerSpec("embed", nn.Embedding, VOCAB, HIDDEN, forward_fn=project)]
 
 
-def pipeline(stages, tensor, data, dtype=torch.float64, body=None, **kwargs):
+def pipeline(stages, tensor, data, dtype=torch.float64, body=None, partition="type:DecoderLayer|MoEBlock", **kwargs):
     from dscomm import PipeModelDataParallelTopology
 
     topology = PipeModelDataParallelTopology(num_pp=stages, num_mp=tensor, num_dp=data)
     module = PipelineModule(specs(body), topology=topology, loss_fn=token_loss, seed_layers=True,
-                            partition_method="type:DecoderLayer", **kwargs)
+                            partition_method=partition, **kwargs)
     return module.to(dtype)
 
 
@@ -125,6 +169,9 @@ def reference(steps, clip, lr, dtype=torch.float64, body=None):
             loss = model(batch(step, unit)) / UNITS
             loss.backward()
             total += loss.item()
+        for param in model.parameters():  # an expert no token reached decays as ZeRO's flat buffers decay it
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
         norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), clip if clip else float("inf")).item())
         optimizer.step()
         optimizer.zero_grad()

@@ -24,6 +24,7 @@ import dscomm
 from dsconfig import DeepSpeedConfig, Problem
 
 from ..errors import UnsupportedFeatureError
+from .across_stages import across_stages, several_stages
 from .optional_libs import LazyLibrary, imported
 
 # dsmoe is optional: AutoEP layers exist only once dsmoe is imported (wiring/dsmoe.py guards its callers).
@@ -52,7 +53,14 @@ def apply_autoep(composed: Any, config: DeepSpeedConfig, groups: Any,
         ep_group, ep_data_group = expert_groups(groups, ep.autoep_size)
     model = composed.model
     before = dict(model.named_parameters())
-    autoep.apply(model, ep, ep_group if ep.autoep_size > 1 else None, replicated_tokens=over_tensor)
+    pipeline = several_stages(model, groups)
+    replaced = on_every_stage(lambda: autoep.apply(
+        model, ep, ep_group if ep.autoep_size > 1 else None, model_config=hf_config(model),
+        replicated_tokens=over_tensor, require_blocks=not pipeline), model, groups)
+    if pipeline and not sum(across_stages(len(replaced), model, groups)):
+        raise dsmoe.MoEError("expert_parallel: no MoE block in any stage of the pipeline matches the preset's or "
+                             "moe_layer_pattern's module names (a pipeline names its layers by index: '1.mlp'); set "
+                             "expert_parallel.moe_layer_pattern")
     for _, layer in autoep.autoep_layers(model):
         layer.expert_data_group = ep_data_group
     after = dict(model.named_parameters())
@@ -66,6 +74,28 @@ def apply_autoep(composed: Any, config: DeepSpeedConfig, groups: Any,
         if dsmoe.is_moe_param_group(group) and tensor_size(groups) > 1:
             group["norm_replicas"] = replicas
     return dataclasses.replace(composed, model_parameters=split)
+
+
+def hf_config(model: torch.nn.Module) -> Any:
+    """The Hugging Face config AutoEP reads the expert count and top-k from: the model's, or for a model
+    built of Hugging Face layers without one of its own (a PipelineModule), the first layer's."""
+    config = getattr(model, "config", None)
+    if config is not None:
+        return config
+    return next((m.config for m in model.modules() if hasattr(getattr(m, "config", None), "model_type")), None)
+
+
+def on_every_stage(action: Callable[[], Any], model: torch.nn.Module, groups: Any) -> Any:
+    """action() on this rank; when it raised MoEError on any stage of a pipeline, the same error on every
+    rank (a stage that went on would wait forever in the next collective for one that stopped)."""
+    try:
+        result, failure = action(), None
+    except dsmoe.MoEError as exc:
+        result, failure = None, str(exc)
+    failures = [f for f in across_stages(failure, model, groups) if f]
+    if failures:
+        raise dsmoe.MoEError(failures[0])
+    return result
 
 
 def tensor_size(groups: Any) -> int:

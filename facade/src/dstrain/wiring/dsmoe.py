@@ -28,6 +28,7 @@ from dscomm.tags import EXPERT_GROUP_NAME_KEY
 from dsconfig import DeepSpeedConfig
 
 from ..errors import DstrainError
+from .across_stages import across_stages
 from .autoep import (
     apply_autoep,
     broadcast_autoep_experts,
@@ -52,12 +53,21 @@ def apply_experts(composed: Any, config: DeepSpeedConfig, groups: Any) -> Any:
     if not imported("dsmoe"):
         return composed
     layers = dsmoe.moe_layers(composed.model)
-    if not layers:
+    # A pipeline rank holds its stage's layers only, but creating groups is collective over every rank, and a
+    # refusal must reach every stage: each rank checks every stage's layers and creates every size's groups.
+    described = [entry for stage in across_stages([[name, layer.ep_size, layer.num_experts] for name, layer in layers],
+                                                  composed.model, groups) for entry in stage]
+    if not described:
         return composed
     data = groups.size("data") if groups is not None else dscomm.groups.get_data_parallel_world_size()
-    for name, layer in layers:  # module order: every rank creates the same groups in the same order
-        dsmoe.check_expert_parallel_size(layer.ep_size, data, layer.num_experts, where=f"MoE layer {name!r}")
+    for name, ep_size, experts in described:
+        dsmoe.check_expert_parallel_size(ep_size, data, experts, where=f"MoE layer {name!r}")
+    for ep_size in sorted({ep_size for _, ep_size, _ in described}):  # the same order on every rank
+        expert_groups(groups, ep_size)
+    for _, layer in layers:
         layer.set_expert_groups(*expert_groups(groups, layer.ep_size))
+    if not layers:
+        return composed
     parameters = composed.model_parameters
     if parameters is None:
         parameters = composed.model.parameters()

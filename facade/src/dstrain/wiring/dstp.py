@@ -14,7 +14,6 @@ checkpoint records one plan that merges and cuts every layer file.
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Any
 
 import torch
@@ -23,7 +22,7 @@ import dscomm
 from dsconfig import ConfigError, DeepSpeedConfig, Problem
 
 from ..errors import UnsupportedFeatureError
-from .dspipe import is_pipeline_module
+from .across_stages import across_stages, several_stages
 from .optional_libs import require
 
 TP_INIT_ATTR = "_dstrain_tp_model_init"  # what dstrain.tp_model_init recorded on a model
@@ -57,7 +56,7 @@ def apply_tensor_parallel(composed: Any, config: DeepSpeedConfig, groups: Any) -
         plan = dstp.plan_for(model, tp_size, preset_model=section.preset_model,
                              partition_config=section.partition_config,
                              vocab_parallel_lm_head=section.vocab_parallel_lm_head,
-                             params=pipeline_params(model, groups, dstp), keep_whole=autoep_placed(model, config),
+                             params=pipeline_params(model, groups, dstp), keep_whole=autoep_placed(model, config, groups),
                              keep_whole_why="expert_parallel (AutoEP places the experts and routers)")
         state = dstp.parallelize(model, groups.tensor, plan, tp_overlap_comm=section.tp_overlap_comm)
     except dstp.TensorParallelError as exc:
@@ -73,40 +72,29 @@ def apply_tensor_parallel(composed: Any, config: DeepSpeedConfig, groups: Any) -
     return dataclasses.replace(composed, model_parameters=parameters)
 
 
-def autoep_placed(model: torch.nn.Module, config: DeepSpeedConfig) -> list[str]:
+def autoep_placed(model: torch.nn.Module, config: DeepSpeedConfig, groups: Any) -> list[str]:
     """The modules AutoEP will place (step 2): experts split over expert-parallel ranks, routers replicated;
     the tensor plan keeps them whole."""
     if not config.expert_parallel.enabled:
         return []
-    return require("dsmoe.autoep", "expert_parallel.enabled (AutoEP)").placed_modules(model, config.expert_parallel)
+    from .autoep import hf_config, on_every_stage
+
+    autoep = require("dsmoe.autoep", "expert_parallel.enabled (AutoEP)")
+    return on_every_stage(lambda: autoep.placed_modules(model, config.expert_parallel, model_config=hf_config(model)),
+                          model, groups)
 
 
 def pipeline_params(model: torch.nn.Module, groups: Any, dstp: Any) -> list[Any] | None:
     """Every pipeline stage's parameters as dstp plans them (None for a model that is not a pipeline of
     several stages); collective over the pipe group."""
-    if not is_pipeline_module(model) or groups is None or groups.size("pipe") == 1:
+    if not several_stages(model, groups):
         return None
-    mine = [dataclasses.asdict(info) for info in dstp.param_infos(model)]
     merged: dict[str, Any] = {}
-    for stage in all_gather_json(mine, groups.pipe):
+    for stage in across_stages([dataclasses.asdict(info) for info in dstp.param_infos(model)], model, groups):
         for raw in stage:  # a tied module is on several stages, alike
             merged.setdefault(raw["name"], dstp.ParamInfo(raw["name"], tuple(raw["shape"]), raw["module_kind"],
                                                           tuple(raw["aliases"])))
     return list(merged.values())
-
-
-def all_gather_json(value: Any, group: Any) -> list[Any]:
-    """`value` (plain JSON data) from every rank of `group`, in group-rank order; nothing is pickled."""
-    payload = torch.tensor(list(json.dumps(value).encode()), dtype=torch.uint8)
-    world = torch.distributed.get_world_size(group)
-    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
-    torch.distributed.all_gather(sizes, torch.tensor([payload.numel()], dtype=torch.int64), group=group)
-    longest = max(int(size.item()) for size in sizes)
-    padded = torch.zeros(longest, dtype=torch.uint8)
-    padded[:payload.numel()] = payload
-    buffers = [torch.empty(longest, dtype=torch.uint8) for _ in range(world)]
-    torch.distributed.all_gather(buffers, padded, group=group)
-    return [json.loads(bytes(buf[:int(size.item())].tolist()).decode()) for buf, size in zip(buffers, sizes)]
 
 
 def replica_aware_groups(model_parameters: Any, model: torch.nn.Module, tp_size: int) -> list[dict[str, Any]]:

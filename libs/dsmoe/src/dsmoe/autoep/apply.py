@@ -55,18 +55,22 @@ class Plan:
 
 
 def apply(model: nn.Module, config: ExpertParallelConfig, ep_group: Any = None, *, model_config: Any = None,
-          backend: str | None = None, replicated_tokens: bool = False) -> list[str]:
+          backend: str | None = None, replicated_tokens: bool = False, require_blocks: bool = True) -> list[str]:
     """Replace every MoE block of `model` (in place) by an expert-parallel AutoEPLayer over `ep_group`
     (autoep_size ranks; None at autoep_size 1). Returns the replaced modules' names. `backend` forces
     the expert compute ("loop", "grouped_mm", "triton"); by default it follows use_grouped_mm.
     `replicated_tokens`: every rank of ep_group holds the same tokens (AutoTP's tensor group), so no token
-    is exchanged: each rank computes its experts' share and the shares are summed (replicated.py)."""
+    is exchanged: each rank computes its experts' share and the shares are summed (replicated.py).
+    `require_blocks=False`: a model without MoE blocks is left as it is (a pipeline stage whose layers hold
+    none; the caller checks that some stage does)."""
     if not config.enabled:
         return []
     _check_reserved(config)
     hf_config = model_config if model_config is not None else getattr(model, "config", None)
     plan = _plan(model, config, hf_config)
     blocks = _find_blocks(model, plan)
+    if not blocks and not require_blocks:
+        return []
     if not blocks:
         raise MoEError(f"{KEY}: no module matches moe_layer_pattern {plan.pattern!r} with children "
                        f"{plan.names.router!r} (router_pattern) and {plan.names.experts!r} (expert_pattern) "
