@@ -103,3 +103,40 @@ def test_a_2_stage_pipeline_holding_moe_layers_equals_one_process():
                                            msg=lambda m, w=where, n=name: f"{w}: {n}: {m}")
     assert len(experts_seen["dsmoe"]) == 2 * 4 * 4  # 2 layers x 4 experts x 4 tensors, each on some rank
     assert len(experts_seen["autoep"]) == 2 * 2 * 4  # 2 layers x 2 stacked weights x 4 experts
+
+
+# ---------------------------------------------------------------------------------------------- checkpoints
+KINDS = ("dsmoe", "autoep")
+
+
+def saver(rank, world, root):
+    """pipe 2 x data 2, expert-parallel size 2, ZeRO-1: two steps, a save, two steps more."""
+    continued = {}
+    for kind in KINDS:
+        engine = engine_at(kind, 2, 2, 1)
+        train(engine, range(2))
+        engine.save_checkpoint(root / kind)
+        continued[kind] = train(engine, range(2, 4))[0]
+    return continued, sorted(p.name for p in (root / "dsmoe" / "global_step2").iterdir() if "expert" in p.name)
+
+
+def loader(rank, world, root, stages, ep):
+    continued = {}
+    for kind in KINDS:
+        engine = engine_at(kind, stages, world // stages, 2, ep)  # ZeRO-2 now
+        engine.load_checkpoint(root / kind)
+        continued[kind] = train(engine, range(2, 4))[0]
+    return continued
+
+
+def test_a_pipeline_checkpoint_with_experts_reloads_at_the_same_layout_at_one_stage_and_ep_size_1(tmp_path):
+    saved = run_ranks(saver, 4, tmp_path, timeout=300)
+    want, files = saved[0]
+    # each stage's experts in files of their own, numbered by MoE layer over the whole pipeline
+    assert files == sorted(f"layer_{layer}_expert_{expert}_mp_rank_00_model_states.safetensors"
+                           for layer in range(2) for expert in range(4)), files
+    for stages, ep in ((2, 2), (1, 2), (2, 1)):
+        for rank, continued in enumerate(run_ranks(loader, 4, tmp_path, stages, ep, timeout=300)):
+            for kind in KINDS:  # the masters and moments came back with the experts: the steps after the save
+                torch.testing.assert_close(continued[kind], want[kind], rtol=1e-6, atol=0,
+                                           msg=f"rank {rank}, {kind}, {stages} stage(s), expert-parallel size {ep}")

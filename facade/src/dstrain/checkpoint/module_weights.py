@@ -43,26 +43,38 @@ _DTYPES = {str(dtype): dtype for dtype in (torch.float32, torch.float16, torch.b
 
 class LayerFiles:
     """dspipe's checkpoint engine over dsaio's safetensors files (nothing is ever unpickled); on save, each
-    layer file records its layer and where its keys sit in the module (`prefix`)."""
+    layer file records its layer and where its keys sit in the module (`prefix`).
+
+    A layer file is written by one data rank of its stage, but a stage's experts are spread over its
+    expert-parallel ranks: they live in their own files (experts.py), so a layer file leaves them out,
+    and on load the layer takes its current experts until their files are read (`experts`: this rank's
+    expert entries by full name)."""
 
     suffix = ".safetensors"
 
-    def __init__(self, out: SaveTarget | None = None, prefixes: dict[int, str] | None = None):
+    def __init__(self, out: SaveTarget | None = None, prefixes: dict[int, str] | None = None,
+                 experts: dict[str, torch.Tensor] | None = None):
         self.out = out
         self.prefixes = prefixes or {}
+        self.experts = experts or {}
 
     def save(self, state_dict: dict, path: Path) -> None:
         layer = parse_layer_file(Path(path).name)
         model = layer_file_tensor_rank(Path(path).name)
-        metadata = self.out.record("layer", placed=False, layer=layer, prefix=self.prefixes.get(layer, ""),
+        prefix = self.prefixes.get(layer, "")
+        metadata = self.out.record("layer", placed=False, layer=layer, prefix=prefix,
                                    written_by=self.out.layout.place(), **({"model": model} if model is not None else {}))
-        dsaio.save_state_dict(state_dict, path, metadata=metadata)
+        state = {key: value for key, value in state_dict.items() if prefix + key not in self.experts}
+        dsaio.save_state_dict(state, path, metadata=metadata)
 
     def load(self, path: Path) -> dict:
         try:
-            return dsaio.load_state_dict(path)
+            state = dsaio.load_state_dict(path)
         except dsaio.CheckpointError as exc:
             raise CheckpointLoadError(f"{path}: {exc}") from None
+        prefix = self.prefixes.get(parse_layer_file(Path(path).name), "")
+        return {**state, **{name[len(prefix):]: value for name, value in self.experts.items()
+                            if prefix and name.startswith(prefix)}}
 
 
 def layer_prefixes(pipe: Any) -> dict[int, str]:
@@ -91,6 +103,11 @@ class ModuleWeights:
         self.partitioned = partitioned  # ZeRO stage 3: the trained parameters live in its shards
         self.exclude_frozen = exclude_frozen
 
+    def _experts(self) -> dict[str, torch.Tensor]:
+        """This rank's expert entries of the module's state, by full name (saved in files of their own)."""
+        names = expert_state_names(self.module)
+        return {name: value for name, value in self.module.state_dict().items() if name in names}
+
     def _sharded_names(self) -> set[str]:
         if not self.partitioned:
             return set()
@@ -106,9 +123,16 @@ class ModuleWeights:
                                           self.module.named_parameters(remove_duplicate=False) if p.requires_grad}
         pipe = self.layout.pipe
         if pipe is not None:
-            prefixes = layer_prefixes(pipe)
-            out.write(lambda: pipe.save_state_dict(out.top, LayerFiles(out, prefixes),
-                                                   exclude_frozen_params=self.exclude_frozen))
+            files = LayerFiles(out, layer_prefixes(pipe), self._experts())
+            tensor_rank = self.layout.tensor.tp_rank if self.layout.tensor is not None else 0
+
+            def write_layers() -> None:
+                pipe.save_state_dict(out.top, files, exclude_frozen_params=self.exclude_frozen)
+                save_expert_files(self.module, out.top, lambda layer, expert: out.record(
+                    "expert", placed=False, moe_layer=layer, expert=expert), layer_ids=self.layout.moe_layer_ids,
+                    tensor_rank=tensor_rank)
+
+            out.write(write_layers)
             return
 
         def write() -> None:
@@ -137,6 +161,7 @@ class ModuleWeights:
                     tensor_rank = record.get("model") or 0
                     for name, tensor in dsaio.load_state_dict(saved.path / relative).items():
                         by_name.setdefault(prefix + name, {})[tensor_rank] = tensor
+            whole.module.update(read_expert_files([saved.path], layout.stacked))  # a pipeline's: at the top
         else:
             directories = saved.directories()
             for place, directory in directories:
@@ -178,9 +203,11 @@ class ModuleWeights:
             from dspipe import PipelineError
 
             try:
-                pipe.load_state_dir(saved.path, LayerFiles(), strict=options.module_strict)
+                pipe.load_state_dir(saved.path, LayerFiles(prefixes=layer_prefixes(pipe), experts=self._experts()),
+                                    strict=options.module_strict)
             except PipelineError as exc:
                 raise CheckpointLoadError(str(exc)) from None
+            load_expert_files(self.module, saved.path, options.module_strict, layer_ids=self.layout.moe_layer_ids)
             return
         directory = saved.directory_of(self.layout.place())
         if options.custom_load_fn is not None:
