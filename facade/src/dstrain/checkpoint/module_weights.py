@@ -140,8 +140,9 @@ class ModuleWeights:
                 left_out = self._sharded_names() | set(excluded) | expert_state_names(self.module)
                 state = {k: v.detach().contiguous() for k, v in self.module.state_dict().items() if k not in left_out}
                 dsaio.save_state_dict(state, out.directory / MODEL_FILE, metadata=out.record("module"))
-            save_expert_files(self.module, out.directory,
-                              lambda layer, expert: out.record("expert", moe_layer=layer, expert=expert))
+            if not self.partitioned:  # at stage 3 the experts are ZeRO's, saved partition-natively in its shards
+                save_expert_files(self.module, out.directory,
+                                  lambda layer, expert: out.record("expert", moe_layer=layer, expert=expert))
 
         out.write(write)
 
@@ -217,7 +218,8 @@ class ModuleWeights:
             self._custom(src, options.custom_load_fn)
             return
         self._load_module_file(directory, set(saved.left_out), options.module_strict)
-        load_expert_files(self.module, directory, options.module_strict)
+        if not self.partitioned:  # stage 3: ZeRO loads the experts with the other trained parameters
+            load_expert_files(self.module, directory, options.module_strict)
 
     def _load_module_file(self, directory: Path, left_out: set[str], strict: bool) -> None:
         path = directory / MODEL_FILE
