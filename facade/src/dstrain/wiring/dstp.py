@@ -51,6 +51,11 @@ def apply_tensor_parallel(composed: Any, config: DeepSpeedConfig, groups: Any) -
                                                "runs two half-batches as coroutines, which activation checkpointing "
                                                "(gradient_checkpointing_enable) would mix up; turn one of them off",
                                                True)])
+    if section.vocab_parallel_lm_head and several_stages(model, groups):
+        raise UnsupportedFeatureError([Problem("tensor_parallel.vocab_parallel_lm_head",
+                                               "slices the logits for a Hugging Face model's loss_function, but a "
+                                               "pipeline computes its loss with the PipelineModule's loss_fn on the "
+                                               "last stage; turn it off (the LM head stays whole)", True)])
     dstp = require("dstp", "tensor_parallel.autotp_size > 1 (AutoTP)")
     try:
         plan = dstp.plan_for(model, tp_size, preset_model=section.preset_model,
