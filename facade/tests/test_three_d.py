@@ -86,6 +86,12 @@ def overflow(rank, world):
         refused = ""
     except dstrain.UnsupportedFeatureError as exc:
         refused = str(exc)
+    try:  # the pipeline's loss is its loss_fn's: no model loss_function to slice the logits for
+        cfg = config(1, 2, 2)
+        cfg["tensor_parallel"]["vocab_parallel_lm_head"] = True
+        dstrain.initialize(model=pipeline(2, 2, 2), config=cfg)
+    except dstrain.UnsupportedFeatureError as exc:
+        refused += str(exc)
     engine = engine_at(2, 2)
     train(engine, [0])
     coords = engine.groups.dims.coords(rank)
@@ -103,6 +109,7 @@ def test_an_overflow_on_one_rank_skips_the_step_on_every_stage_shard_and_replica
     for rank, (skipped, norm, unchanged, refused) in enumerate(run_ranks(overflow, WORLD, timeout=300)):
         assert skipped == 1 and norm == float("inf") and unchanged, rank
         assert "tensor_parallel.autotp_size" in refused and "num_mp=2" in refused, refused
+        assert "tensor_parallel.vocab_parallel_lm_head" in refused, refused
 
 
 # ---------------------------------------------------------------------------------------------- checkpoints
