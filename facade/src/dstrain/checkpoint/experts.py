@@ -58,8 +58,8 @@ class StackedExperts:
         ranges, over_tensor = {}, set()
         for layer_name, layer in autoep_layers(module):
             local = layer.local_experts
-            for name, param in autoep.stacked_expert_weights(layer_name, layer).items():
-                ranges[name] = (local.first_expert, param.shape[0], local.num_global, layer.ep_size)
+            for name in autoep.stacked_expert_weights(layer_name, layer):  # (at stage 3 the tensors are released)
+                ranges[name] = (local.first_expert, local.num_local, local.num_global, layer.ep_size)
                 if layer.replicated_tokens and layer.ep_size > 1:
                     over_tensor.add(name)
         return cls(ranges, frozenset(over_tensor))
