@@ -17,7 +17,7 @@ from typing import Any
 
 from ..errors import DstrainError
 
-X
+EXTRAS = {"dspipe": "pipe", "dsmoe": "moe", "dstp": "tp", "dsdata": "data", "dsseq": "seq"}  # library -> dstrain's extra
 
 
 class MissingLibraryError(DstrainError, ImportError):
