@@ -11,10 +11,10 @@ from dsconfig import ConfigError, Problem
 
 from .engine.deepspeed_engine import DeepSpeedEngine
 from .errors import DstrainError
+from .wiring import dsseq as wiring_dsseq
 from .wiring.compose import compose
 from .wiring.config_source import load_config, pick_source
 from .wiring.dspipe import is_pipeline_module, pipeline_degree
-from .wiring import dsseq as wiring_dsseq
 from .wiring.dstp import check_mpu, mpu_tensor_size
 from .wiring.feature_gate import check_features
 from .wiring.layout import data_parallel_size, parallel_dims, requested_degrees
