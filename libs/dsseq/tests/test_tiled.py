@@ -1,6 +1,6 @@
 """Tiled compute equals the untiled computation in float64 (values and every gradient), with tiles that do
-not divide the sequence; each weight's gradient arrives once per backward (gradient hooks fire once);
-a weight the function uses but nobody listed is refused by name, never left without its gradient."""
+not divide the sequence; each weight's gradient arrives once per backward (gradient hooks fire once), a
+weight nobody listed in compute_params included; the peak memory of a tiled MLP is that of a tile."""
 
 import pytest
 import torch
@@ -8,6 +8,7 @@ import torch
 from dsseq import (
     SequenceParallelError,
     SequenceTiledCompute,
+    TensorMemory,
     TiledFusedLogitsLoss,
     TiledMLP,
     sequence_tiled_compute,
@@ -61,16 +62,30 @@ def test_tiled_mlp_equals_the_mlp(batch, seq, shards):
     assert set(counts.values()) == {1}  # one gradient per weight, not one per tile
 
 
-def test_tiled_mlp_refuses_a_weight_nobody_listed():
+def test_a_weight_nobody_listed_gets_its_gradient():
     mlp = MLP()
-    extra = torch.nn.Parameter(torch.ones(8, dtype=torch.float64))
-    x = torch.randn(1, 6, 8, dtype=torch.float64, requires_grad=True)
-    out = TiledMLP.apply(lambda m, t: m(t) * extra, mlp, x, 2, list(mlp.parameters()))
-    with pytest.raises(SequenceParallelError, match=r"uses 1 trainable tensor\(s\) \(shapes \(8,\)\)"):
-        out.sum().backward()
-    listed = TiledMLP.apply(lambda m, t: m(t) * extra, mlp, x, 2, [*mlp.parameters(), extra])
-    listed.sum().backward()
-    assert extra.grad is not None
+    extra = torch.nn.Parameter(torch.linspace(0.5, 1.5, 8, dtype=torch.float64))
+    x = torch.randn(1, 6, 8, dtype=torch.float64)
+    TiledMLP.apply(lambda m, t: m(t) * extra, mlp, x, 2, list(mlp.parameters())).sum().backward()
+    got = extra.grad.clone()
+    extra.grad = None
+    (mlp(x) * extra).sum().backward()
+    assert (got - extra.grad).abs().max() < TOL
+
+
+def test_a_tiled_mlp_holds_one_tiles_activations():
+    torch.manual_seed(3)
+    mlp = MLP(hidden=8, inner=256)
+    x = torch.randn(1, 256, 8, dtype=torch.float64, requires_grad=True)
+    peaks = []
+    for tiled in (False, True):
+        with TensorMemory() as memory:
+            out = TiledMLP.apply(mlp_forward, mlp, x, 16, None) if tiled else mlp(x)
+            out.sum().backward()
+        peaks.append(memory.peak_bytes)
+    inner_activation = 256 * 256 * 8  # one [seq, inner] float64 tensor
+    assert peaks[0] > 3 * inner_activation  # untiled: gate, up, their product and more at once
+    assert peaks[1] < inner_activation  # tiled: a sixteenth of each, plus the [seq, hidden] input/output
 
 
 def test_tiled_fused_logits_loss_equals_the_loss():

@@ -17,6 +17,7 @@ from .errors import SequenceParallelError
 from .heads import HeadSplit, split_heads
 from .layer import DistributedAttention, apply_rotary
 from .loss import sequence_parallel_loss, shard_sequence, shift_labels
+from .memory import TensorMemory
 from .tiled import SequenceTiledCompute, TiledFusedLogitsLoss, TiledMLP, sequence_tiled_compute
 from .ulysses_hf import UlyssesSPAttentionHF, restore_transformers_attention
 
@@ -25,6 +26,7 @@ __all__ = [
     "HeadSplit",
     "SequenceParallelError",
     "SequenceTiledCompute",
+    "TensorMemory",
     "TiledFusedLogitsLoss",
     "TiledMLP",
     "UlyssesSPAttentionHF",
