@@ -67,7 +67,7 @@ def reference_run(steps_of_samples):
 
 
 # ------------------------------------------------------------------------- DeepSpeed's tutorial, 2 ranks
-def tutorial(rank, world):
+def tutorial(rank, world, directory):
     import dstrain as deepspeed
     from dstrain.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF, UlyssesSPDataLoaderAdapter
     from dstrain.utils import groups
@@ -100,17 +100,23 @@ def tutorial(rank, world):
     layout = (engine.dp_world_size, engine.seq_dp_world_size, engine.train_batch_size(),
               engine.optimizer.process_group is mpu.sequence_data, dscomm.groups.current() is mpu,
               engine.get_sequence_parallel_group() is sp_group)
-    return losses, {name: p.detach().clone() for name, p in model.named_parameters()}, layout
+    # A checkpoint of ZeRO's sequence x data shards reloads into a fresh engine of the same layout.
+    engine.save_checkpoint(directory, tag="sp")
+    fresh = hf_model(seed=1)
+    reloaded, *_ = deepspeed.initialize(config=config, model=fresh, model_parameters=fresh.parameters(), mpu=mpu)
+    reloaded.load_checkpoint(directory, tag="sp")
+    same = all(torch.equal(a, b) for a, b in zip(model.parameters(), fresh.parameters(), strict=True))
+    return losses, {name: p.detach().clone() for name, p in model.named_parameters()}, (*layout, same)
 
 
-def test_deepspeeds_tutorial_trains_as_one_rank_on_the_whole_sequence():
-    results = run_ranks(tutorial, 2, timeout=240)
+def test_deepspeeds_tutorial_trains_as_one_rank_on_the_whole_sequence(tmp_path):
+    results = run_ranks(tutorial, 2, str(tmp_path), timeout=240)
     # The adapter serves rank 0's first sample, rank 1's first, then both ranks' second: one per step.
     order = [[sample(0)["input_ids"]], [sample(10)["input_ids"]], [sample(1)["input_ids"]], [sample(11)["input_ids"]]]
     ref_losses, ref_params = reference_run(order)
     for losses, params, layout in results:
         # one data replica of two sequence ranks: the batch counts it once; ZeRO spans both ranks
-        assert layout == (1, 2, 1, True, True, True)
+        assert layout == (1, 2, 1, True, True, True, True)
         # HF's loss upcasts float64 logits to float32: the per-rank means round there
         assert max(abs(a - b[0]) for a, b in zip(losses, ref_losses)) < 1e-6
         assert max((params[n] - ref_params[n]).abs().max().item() for n in params) < 1e-6
