@@ -129,3 +129,23 @@ def test_arguments_are_checked_at_construction():
         DistributedAttention(sdpa_in_layout(1), None, scatter_idx=2, gather_idx=2)
     with pytest.raises(SequenceParallelError, match="must be callable"):
         DistributedAttention("sdpa", None)
+
+
+def graph_operators(rank, world):
+    import dsseq
+
+    group = dscomm.ParallelDims(world, sequence=world).build().sequence
+    name = dsseq.ops.group_name(group)
+    x = torch.randn(2, 8, 6, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(rank)).requires_grad_()
+    y = x.detach().clone().requires_grad_()
+    weight = torch.randn(2, 4, 12, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
+    (torch.ops.dsseq.all_to_all(x, 1, 2, name) * weight).sum().backward()
+    (dsseq.all_to_all(y, 1, 2, group) * weight).sum().backward()
+    total = torch.ops.dsseq.sum_over_ranks(x.detach()[0, 0, 0, 0].clone().requires_grad_(), name)
+    return (x.grad - y.grad).abs().max().item(), total.item()
+
+
+def test_the_graph_operators_are_the_autograd_functions():
+    results = run_ranks(graph_operators, 2, timeout=90)
+    assert all(diff == 0.0 for diff, _ in results)
+    assert results[0][1] == results[1][1]  # the same sum on every rank

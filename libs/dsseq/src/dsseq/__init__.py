@@ -10,6 +10,7 @@
     dsseq.TiledMLP, dsseq.TiledFusedLogitsLoss, dsseq.SequenceTiledCompute   # flat activation memory
 """
 
+from . import ops  # registers torch.ops.dsseq.* (AutoSP's graph operators)
 from ._version import __version__
 from .comm import all_to_all, gather_sequence, sum_over_ranks
 from .dataloader import UlyssesSPDataLoaderAdapter, shard_batch
@@ -35,6 +36,7 @@ __all__ = [
     "all_to_all",
     "apply_rotary",
     "gather_sequence",
+    "ops",
     "restore_transformers_attention",
     "sequence_parallel_loss",
     "sequence_tiled_compute",
