@@ -97,9 +97,13 @@ def tutorial(rank, world, directory):
         engine.backward(loss)
         engine.step()
         losses.append(loss.item())
+    from dstrain.runtime.sequence_parallel import parallel_state_sp  # DeepSpeed's module-level state
+
     layout = (engine.dp_world_size, engine.seq_dp_world_size, engine.train_batch_size(),
               engine.optimizer.process_group is mpu.sequence_data, dscomm.groups.current() is mpu,
-              engine.get_sequence_parallel_group() is sp_group)
+              engine.get_sequence_parallel_group() is sp_group,
+              parallel_state_sp.get_model_parallel_group() is sp_group
+              and parallel_state_sp.get_sequence_data_parallel_world_size() == 2)
     # A checkpoint of ZeRO's sequence x data shards reloads into a fresh engine of the same layout.
     engine.save_checkpoint(directory, tag="sp")
     fresh = hf_model(seed=1)
@@ -116,7 +120,7 @@ def test_deepspeeds_tutorial_trains_as_one_rank_on_the_whole_sequence(tmp_path):
     ref_losses, ref_params = reference_run(order)
     for losses, params, layout in results:
         # one data replica of two sequence ranks: the batch counts it once; ZeRO spans both ranks
-        assert layout == (1, 2, 1, True, True, True, True)
+        assert layout == (1, 2, 1, True, True, True, True, True)
         # HF's loss upcasts float64 logits to float32: the per-rank means round there
         assert max(abs(a - b[0]) for a, b in zip(losses, ref_losses)) < 1e-6
         assert max((params[n] - ref_params[n]).abs().max().item() for n in params) < 1e-6

@@ -69,6 +69,7 @@ MAPPED_PATHS: dict[str, str] = {
     "deepspeed.sequence.layer": "dstrain.sequence.layer",
     "deepspeed.runtime.sequence_parallel": "dstrain.runtime.sequence_parallel",
     "deepspeed.runtime.sequence_parallel.ulysses_sp": "dstrain.runtime.sequence_parallel.ulysses_sp",
+    "deepspeed.runtime.sequence_parallel.parallel_state_sp": "dstrain.runtime.sequence_parallel.parallel_state_sp",
 }
 
 # dstrain.<name> (and everything under it) -> its module in this package, or elsewhere in dstrain.

@@ -11,6 +11,6 @@ except ModuleNotFoundError:
     require("dsseq", "dstrain.runtime.sequence_parallel (Ulysses sequence parallelism)")
     raise
 
-from . import ulysses_sp
+from . import parallel_state_sp, ulysses_sp
 
-__all__ = ["ulysses_sp"]
+__all__ = ["parallel_state_sp", "ulysses_sp"]
