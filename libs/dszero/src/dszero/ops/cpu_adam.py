@@ -275,7 +275,7 @@ class CPUAdam(torch.optim.Optimizer):
             raise ZeroConfigError(f"CPUAdam.{method}({subgroup_id}): a sub-group is one flat partition, but "
                                   f"{len(found)} parameters in param_groups have a gradient; put the sub-group's "
                                   f"partition (with its .grad) alone in param_groups first")
-        index, position, group, p = found[0]
+        index, position, _group, p = found[0]
         self._check_param(index, position, p)
         return found[0]
 
