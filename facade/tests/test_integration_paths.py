@@ -112,3 +112,40 @@ def test_the_deepspeed_paths_integrations_import_resolve_and_a_missing_one_says_
     run = subprocess.run([sys.executable, "-c", SNIPPET], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert "deepspeed.runtime.sequence_parallel: dstrain" in run.stdout and "does not provide it" in run.stdout
+
+
+OPS_SNIPPET = """
+import dstrain.as_deepspeed
+import deepspeed, torch, sys
+from deepspeed.ops.op_builder import AsyncIOBuilder, CPUAdamBuilder, InferenceBuilder
+from deepspeed.ops.adagrad import DeepSpeedCPUAdagrad
+from deepspeed.ops.lion import DeepSpeedCPULion
+from deepspeed.utils import set_z3_leaf_modules
+from deepspeed.utils.torch import required_torch_version
+from deepspeed.runtime.pipe import LayerSpec, PipelineModule, ProcessTopology, TiedLayerSpec
+from deepspeed.moe.sharded_moe import top1gating
+assert deepspeed.ops.__compatible_ops__[AsyncIOBuilder.NAME] and deepspeed.ops.__compatible_ops__[CPUAdamBuilder.NAME]
+assert not InferenceBuilder().is_compatible()
+try:
+    InferenceBuilder().load()
+except ImportError as exc:
+    print(exc)
+handle = AsyncIOBuilder().load().aio_handle()
+data = torch.arange(4096, dtype=torch.float32)
+handle.async_pwrite(data, sys.argv[1])
+assert handle.wait() == 1
+back = torch.empty_like(data)
+handle.sync_pread(back, sys.argv[1])
+assert torch.equal(back, data)
+assert required_torch_version(min_version=2.1) and not required_torch_version(max_version="1.13")
+print("ok")
+"""
+
+
+def test_deepspeeds_op_builders_load_dstrains_ops_and_name_what_is_not_there(tmp_path):
+    run = subprocess.run([sys.executable, "-c", OPS_SNIPPET, str(tmp_path / "t.bin")], capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert "InferenceBuilder (transformer_inference) cannot be loaded: dstrain does not implement DeepSpeed's " \
+           "inference kernels" in run.stdout
+    assert run.stdout.rstrip().endswith("ok")

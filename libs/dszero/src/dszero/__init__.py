@@ -24,6 +24,7 @@ from .held import HeldParameters
 from .inference import ZeroInference
 from .init import Init
 from .layout import GroupLayout, Slot
+from .leaf_modules import get_z3_leaf_modules, set_z3_leaf_modules, unset_z3_leaf_modules
 from .offload.resources import check_offload_resources
 from .optimizer import ZeroOptimizer
 from .precision import DynamicLossScaler, LossScaler, Precision
@@ -60,8 +61,11 @@ __all__ = [
     "estimate_zero3_model_states_mem_needs_all_cold",
     "estimate_zero3_model_states_mem_needs_all_live",
     "get_fp32_state_dict_from_zero_checkpoint",
+    "get_z3_leaf_modules",
     "safe_get_full_fp32_param",
     "safe_get_full_grad",
     "safe_get_full_optimizer_state",
     "safe_set_full_fp32_param",
+    "set_z3_leaf_modules",
+    "unset_z3_leaf_modules",
 ]

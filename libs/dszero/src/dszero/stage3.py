@@ -25,6 +25,7 @@ import dscomm
 
 from .errors import ZeroError
 from .layout import GroupLayout
+from .leaf_modules import z3_leaf_module
 from .offload.param_homes import DeviceHome
 from .offload.pinned import host_copy
 from .ordered import InOrderLauncher, weakly
@@ -40,6 +41,12 @@ warnings.filterwarnings("ignore", message="Full backward hook is firing when gra
 
 # Modules whose forward uses their children's parameters directly (not by calling the children).
 FUSED_MODULES: tuple[type, ...] = (torch.nn.MultiheadAttention,)
+
+
+def gathered_whole(module: torch.nn.Module) -> bool:
+    """Whether stage 3 gathers all of `module`'s parameters (its children's too) as one unit at its forward: a
+    fused module, or one marked as a leaf (set_z3_leaf_modules)."""
+    return isinstance(module, FUSED_MODULES) or z3_leaf_module(module)
 
 
 class Unit:
@@ -280,9 +287,13 @@ class Stage3:
         for submodule in module.modules():
             if id(submodule) in covered:
                 continue
-            if isinstance(submodule, FUSED_MODULES):
-                # Its forward reads its children's weights without calling them: one unit for all.
+            if gathered_whole(submodule):
+                # Its forward reads its children's weights without calling them (or calls them in an order that
+                # varies, a leaf): one unit for all.
                 fused_members[id(submodule)] = list(submodule.parameters())
+                if z3_leaf_module(submodule):
+                    for p in fused_members[id(submodule)]:
+                        p.ds_z3_leaf_module = submodule  # DeepSpeed's mark (z3_leaf_parameter)
                 covered.update(id(m) for m in submodule.modules() if m is not submodule)
         for submodule in module.modules():
             if id(submodule) in covered:
