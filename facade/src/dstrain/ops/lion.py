@@ -1,6 +1,6 @@
-"""`deepspeed.ops.lion`: DeepSpeed's CPU Lion (dszero's, for ZeRO's optimizer offload). DeepSpeed's FusedLion, its
-GPU kernel, is not provided (op_builder's FusedLionBuilder says so)."""
+"""`deepspeed.ops.lion`: DeepSpeed's CPU Lion for ZeRO's optimizer offload and its FusedLion for parameters on a
+device (dszero's, one arithmetic)."""
 
-from dszero.ops import DeepSpeedCPULion
+from dszero.ops import DeepSpeedCPULion, FusedLion
 
-__all__ = ["DeepSpeedCPULion"]
+__all__ = ["DeepSpeedCPULion", "FusedLion"]

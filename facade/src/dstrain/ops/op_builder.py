@@ -120,6 +120,11 @@ class FusedLambBuilder(OpBuilder):
     PROVIDER = "dstrain.ops"
 
 
+class FusedLionBuilder(OpBuilder):
+    NAME = "fused_lion"
+    PROVIDER = "dszero.ops"
+
+
 class TransformerBuilder(OpBuilder):
     NAME = "transformer"
     PROVIDER = "dstrain.ops.transformer"
@@ -149,7 +154,6 @@ UtilsBuilder = _missing("UtilsBuilder", "utils", "DeepSpeed's flatten/unflatten 
 CCLCommBuilder = _missing("CCLCommBuilder", "deepspeed_ccl_comm", "oneCCL communication")
 ShareMemCommBuilder = _missing("ShareMemCommBuilder", "deepspeed_shm_comm", "the shared-memory communication op")
 DeepCompileBuilder = _missing("DeepCompileBuilder", "dc", "DeepCompile's native op")
-FusedLionBuilder = _missing("FusedLionBuilder", "fused_lion", "the fused GPU Lion (DeepSpeedCPULion runs on the CPU)")
 NotImplementedBuilder = _missing("NotImplementedBuilder", "deepspeed_not_implemented", "this op")
 
 ALL_OPS: dict[str, OpBuilder] = {

@@ -3,7 +3,7 @@
     opt = dszero.ops.CPUAdam(model.parameters(), lr=1e-3, weight_decay=0.01)  # AdamW by default
 """
 
-from .cpu_adagrad_lion import CPUAdagrad, CPULion, DeepSpeedCPUAdagrad, DeepSpeedCPULion
+from .cpu_adagrad_lion import CPUAdagrad, CPULion, DeepSpeedCPUAdagrad, DeepSpeedCPULion, FusedLion
 from .cpu_adam import CPUAdam, cpu_adam_step, native_available
 from .fused_adam import FusedAdam
 
@@ -19,4 +19,4 @@ class DeepSpeedCPUAdam(CPUAdam):
                          fp32_optimizer_states=fp32_optimizer_states)
 
 __all__ = ["CPUAdagrad", "CPUAdam", "CPULion", "DeepSpeedCPUAdagrad", "DeepSpeedCPUAdam", "DeepSpeedCPULion", "FusedAdam",
-           "cpu_adam_step", "native_available"]
+           "FusedLion", "cpu_adam_step", "native_available"]

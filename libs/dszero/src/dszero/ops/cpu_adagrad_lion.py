@@ -27,12 +27,14 @@ def _check_hyper(name: str, problems: list[str]) -> None:
 class _CPUOptimizer(torch.optim.Optimizer):
     _name = ""
 
+    _any_device = False  # the fused (device) variants step wherever their parameters are
+
     def _params_to_step(self, index: int, group: dict) -> list[torch.Tensor]:
         params = []
         for position, p in enumerate(group["params"]):
             if p.grad is None:
                 continue
-            if p.device.type != "cpu" or p.dtype not in _DTYPES:
+            if (p.device.type != "cpu" and not self._any_device) or p.dtype not in _DTYPES:
                 raise ZeroConfigError(f"{self._name}: param_groups[{index}]['params'][{position}] is a {p.dtype} "
                                       f"tensor on {p.device}; it updates float32, bfloat16 or float16 CPU "
                                       "parameters (ZeRO's offloaded master weights)")
@@ -174,3 +176,11 @@ class DeepSpeedCPULion(CPULion):
                  weight_decay: float = 0.0, fp32_optimizer_states: bool = True, *, adamw_mode: bool | None = None):
         super().__init__(model_params, lr=lr, betas=betas, weight_decay=weight_decay,
                          fp32_optimizer_states=fp32_optimizer_states)
+
+
+class FusedLion(CPULion):
+    """Lion on parameters on any device (DeepSpeed's FusedLion, its GPU optimizer): the same arithmetic as CPULion,
+    in torch's foreach ops on the parameters' device."""
+
+    _name = "FusedLion"
+    _any_device = True
