@@ -7,7 +7,8 @@
 #
 # Environment: DEEPSPEED_SRC (a DeepSpeed git clone to take the tests from; default: cloned into the work folder),
 # DEEPSPEED_COMMIT (the commit whose tests run), DS_UNIT_WORK (the work folder, outside the repository),
-# DS_UNIT_RANKS (the most ranks a test may start: DeepSpeed's CPU device count, LOCAL_SIZE), DS_UNIT_FILE_TIMEOUT.
+# DS_UNIT_RANKS (the most ranks a test may start: DeepSpeed's CPU device count, LOCAL_SIZE), DS_UNIT_FILE_TIMEOUT,
+# DS_UNIT_LIST (run only the files of this list, same format as files.txt; the table still lists every file).
 #
 # DeepSpeed's harness runs unchanged. Its "not enough devices" skip compares a test's ranks with the accelerator's
 # device count, which on the CPU is LOCAL_SIZE (DeepSpeed's rule, which dstrain's CPU accelerator follows): setting
@@ -30,8 +31,8 @@ if ! git -C "$src" rev-parse --git-dir >/dev/null 2>&1; then
   git clone --quiet --filter=blob:none --no-checkout https://github.com/deepspeedai/DeepSpeed "$src"
 fi
 git -C "$src" cat-file -e "$commit^{commit}" 2>/dev/null || git -C "$src" fetch --quiet origin "$commit"
-rm -rf "$work/tests"
-git -C "$src" archive "$commit" tests | tar -x -C "$work"
+rm -rf "$work/tests" && mkdir "$work/tests"
+git -C "$src" archive "$commit:tests" | tar -x -C "$work/tests"  # the subtree alone (a partial clone has it)
 
 # 2. A throwaway environment: every dstrain library of this checkout (editable, so fixes are seen at once),
 #    `import deepspeed` served by dstrain in every process, and what DeepSpeed's tests import themselves.
@@ -62,7 +63,7 @@ else
   rm -rf "$results"
   while read -r path _; do
     case "$path" in ''|'#'*) ;; *) files+=("$path") ;; esac
-  done < "$here/files.txt"
+  done < "${DS_UNIT_LIST:-$here/files.txt}"
 fi
 mkdir -p "$results"
 markers="not nightly and not inference and not seq_inference and not inference_ops and not inference_v2"
