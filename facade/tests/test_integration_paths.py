@@ -149,3 +149,39 @@ def test_deepspeeds_op_builders_load_dstrains_ops_and_name_what_is_not_there(tmp
     assert "InferenceBuilder (transformer_inference) cannot be loaded: dstrain does not implement DeepSpeed's " \
            "inference kernels" in run.stdout
     assert run.stdout.rstrip().endswith("ok")
+
+
+def _optimizer_kinds(rank, world):
+    import dstrain.as_deepspeed  # noqa: F401
+    from deepspeed.runtime.bf16_optimizer import BF16_Optimizer
+    from deepspeed.runtime.fp16.fused_optimizer import FP16_Optimizer
+    from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
+    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+
+    kinds = (DeepSpeedZeroOptimizer, DeepSpeedZeroOptimizer_Stage3, FP16_Optimizer, BF16_Optimizer)
+    found = {}
+    for name, extra in (("stage 2", {"zero_optimization": {"stage": 2}}), ("stage 3", {}),
+                        ("stage 0 bf16", {"bf16": {"enabled": True}})):
+        stage = 3 if name == "stage 3" else (2 if name == "stage 2" else 0)
+        cfg = config(stage=stage, optimizer=ADAMW, **extra)
+        engine, *_ = dstrain.initialize(model=make_model(), config=cfg)
+        masters = {"stage 2": "single_partition_of_fp32_groups", "stage 3": "fp32_partitioned_groups_flat",
+                   "stage 0 bf16": "fp32_groups_flat"}[name]
+        partitions = getattr(engine.optimizer, masters)
+        found[name] = ([k.__name__ for k in kinds if isinstance(engine.optimizer, k)],
+                       sum(p.numel() for p in partitions), {p.dtype for p in partitions})
+    try:
+        DeepSpeedZeroOptimizer()
+    except TypeError as exc:
+        found["build"] = str(exc)
+    return found, sum(p.numel() for p in make_model().parameters())
+
+
+def test_deepspeeds_optimizer_classes_answer_isinstance_for_the_engines_optimizer_at_each_stage():
+    found, numel = run_ranks(_optimizer_kinds, 1, timeout=120)[0]
+    assert found["stage 2"][0] == ["DeepSpeedZeroOptimizer"]
+    assert found["stage 3"][0] == ["DeepSpeedZeroOptimizer_Stage3"]
+    assert found["stage 0 bf16"][0] == ["BF16_Optimizer"]
+    for name in ("stage 2", "stage 3", "stage 0 bf16"):  # one rank: the whole model's fp32 masters
+        assert found[name][1] >= numel and found[name][2] == {torch.float32}, (name, found[name])
+    assert "not a class to build" in found["build"]

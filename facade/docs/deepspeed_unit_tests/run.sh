@@ -39,19 +39,22 @@ git -C "$src" archive "$commit:tests" | tar -x -C "$work/tests"  # the subtree a
 if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
 fi
-libs=()
+libs=() names=()
 while read -r line; do
-  case "$line" in ./*) libs+=(-e "$repo/${line#./}") ;; esac
+  case "$line" in ./*) libs+=(-e "$repo/${line#./}"); names+=("$(basename "${line#./}" | sed "s/\[.*//")") ;; esac
 done < "$repo/requirements.txt"
 pip_install() {  # pip, without the notes about this machine's index settings
   "$venv/bin/pip" install --quiet -c "$repo/constraints.txt" "$@" 2>&1 | { grep -v 'is ignored: it is neither' || true; }
 }
-pip_install "${libs[@]}" 'pytest>=7.2.0,<8.4.0' numpy transformers hjson py-cpuinfo packaging pydantic psutil
-if [ -d "$repo/deepspeed-compat" ]; then
+# Editable installs follow this checkout's sources, so an environment that already imports every library (from
+# here) and DeepSpeed's name is reused as it is; a library new to requirements.txt installs everything again.
+imports=$(printf '%s,' "${names[@]//facade/dstrain}" | sed 's/,$//')
+if ! "$venv/bin/python" -c "
+import importlib.metadata, sys, $imports, deepspeed, pytest, transformers, cpuinfo, hjson
+sys.exit(0 if all(m.__file__.startswith('$repo/') for m in ($imports,)) else 1)" 2>/dev/null; then
+  pip_install "${libs[@]}" 'pytest>=7.2.0,<8.4.0' numpy transformers accelerate hjson py-cpuinfo packaging pydantic \
+    psutil
   pip_install "$repo/deepspeed-compat"
-else
-  site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-  echo 'import dstrain.as_deepspeed' > "$site/dstrain_as_deepspeed.pth"
 fi
 
 # 3. Each file alone (a hung rank then costs one file), with a JUnit report per file.

@@ -317,6 +317,25 @@ class ZeroOptimizer:
                 if flat.separate_master:
                     flat.master.copy_(flat.model_shard())
 
+    # DeepSpeed's names for this rank's fp32 master partitions, one per flat group (stages 0-2: a parameter group;
+    # stage 3: a module's unit), as DeepSpeed's wrappers expose them at each stage. Under optimizer offload
+    # they are the CPU masters (NVMe: while resident).
+    @property
+    def master_partitions(self) -> list[torch.Tensor]:
+        return [group.master for group in self.groups if group.master is not None]
+
+    @property
+    def single_partition_of_fp32_groups(self) -> list[torch.Tensor]:  # DeepSpeedZeroOptimizer (stages 1-2)
+        return self.master_partitions
+
+    @property
+    def fp32_partitioned_groups_flat(self) -> list[torch.Tensor]:  # DeepSpeedZeroOptimizer_Stage3
+        return self.master_partitions
+
+    @property
+    def fp32_groups_flat(self) -> list[torch.Tensor]:  # FP16_Optimizer / BF16_Optimizer (stage 0)
+        return self.master_partitions
+
     @property
     def param_groups(self) -> list[dict[str, Any]]:
         """The wrapped optimizer's parameter groups (lr, betas, ...), as torch optimizers expose them."""
