@@ -152,11 +152,12 @@ def test_deepspeeds_op_builders_load_dstrains_ops_and_name_what_is_not_there(tmp
 
 
 def _optimizer_kinds(rank, world):
-    import dstrain.as_deepspeed  # noqa: F401
     from deepspeed.runtime.bf16_optimizer import BF16_Optimizer
     from deepspeed.runtime.fp16.fused_optimizer import FP16_Optimizer
     from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
     from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+
+    import dstrain.as_deepspeed
 
     kinds = (DeepSpeedZeroOptimizer, DeepSpeedZeroOptimizer_Stage3, FP16_Optimizer, BF16_Optimizer)
     found = {}
