@@ -98,12 +98,21 @@ def _engine_surface(rank, world):
     engine.eval()
     assert not model.training
     engine.train()
-    return (engine.zero_optimization_stage(), engine.get_lr(), engine.get_mom(), engine.module is model,
-            engine.embed is model.embed, engine.is_gradient_accumulation_boundary())
+    surface = (engine.zero_optimization_stage(), engine.get_lr(), engine.get_mom(), engine.module is model,
+               engine.embed is model.embed, engine.is_gradient_accumulation_boundary())
+    # backward returns the loss as its gradients count (DeepSpeed's): divided by the accumulation steps.
+    accumulating, *_ = dstrain.initialize(model=make_model(), config=config(gas=4, optimizer=ADAMW))
+    tokens = torch.randint(0, 48, (4, 13), generator=torch.Generator().manual_seed(0))
+    loss = accumulating(tokens)
+    returned = [accumulating.backward(loss, retain_graph=True).item(),
+                accumulating.backward(loss, scale_wrt_gas=False).item()]
+    return surface, returned, loss.item()
 
 
-def test_engine_accessors():
-    assert run_ranks(_engine_surface, 1)[0] == (0, [0.01], [(0.9, 0.999)], True, True, True)
+def test_engine_accessors_and_what_backward_returns():
+    surface, returned, loss = run_ranks(_engine_surface, 1)[0]
+    assert surface == (0, [0.01], [(0.9, 0.999)], True, True, True)
+    assert returned == pytest.approx([loss / 4, loss], rel=1e-6)
 
 
 def _compiled_step(rank, world):

@@ -91,7 +91,8 @@ class DeepSpeedEngine(EngineAccessors, torch.nn.Module):
         return grad * factor if factor != 1.0 else None
 
     def backward(self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True) -> torch.Tensor:
-        """loss.backward() with gradient-accumulation averaging and the fp16 loss scale; returns the loss."""
+        """loss.backward() with gradient-accumulation averaging and the fp16 loss scale. Returns the loss as its
+        gradients count, as DeepSpeed does: divided by gradient_accumulation_steps (unless scale_wrt_gas=False)."""
         self._require_optimizer("backward")
         if not torch.is_tensor(loss) or loss.numel() != 1:
             raise DstrainError(f"engine.backward(loss) needs a one-element loss tensor, got "
@@ -108,7 +109,8 @@ class DeepSpeedEngine(EngineAccessors, torch.nn.Module):
             self._engine_backward_active = False
         self._progress.record_backward()
         timer.stop()
-        return loss
+        gas = self.gradient_accumulation_steps()
+        return loss / gas if scale_wrt_gas and gas != 1 else loss
 
     def is_gradient_accumulation_boundary(self) -> bool:
         """Whether the next step() updates the weights."""
