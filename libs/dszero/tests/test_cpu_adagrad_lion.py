@@ -76,3 +76,29 @@ def test_what_they_refuse_is_named():
     p.grad = torch.ones(2, dtype=torch.float64)
     with pytest.raises(ZeroConfigError, match=r"param_groups\[0\]\['params'\]\[0\] is a torch.float64 tensor on cpu"):
         CPULion([p]).step()
+
+
+def test_adagrad_with_a_sparse_gradient_updates_only_the_rows_it_holds_as_torch_does():
+    weights = torch.randn(10, 3, generator=torch.Generator().manual_seed(1))
+    ours = torch.nn.Embedding(10, 3, sparse=True)
+    theirs = torch.nn.Embedding(10, 3, sparse=True)
+    with torch.no_grad():
+        ours.weight.copy_(weights)
+        theirs.weight.copy_(weights)
+    flat = torch.nn.Parameter(weights.flatten().clone())  # DeepSpeed's test shape: one sparse dimension
+    optimizers = [CPUAdagrad(ours.parameters(), lr=0.1), torch.optim.Adagrad(theirs.parameters(), lr=0.1),
+                  CPUAdagrad([flat], lr=0.1)]
+    for step in range(3):
+        rows = torch.tensor([step, 4, 4, 7])  # a repeated row: the gradient is coalesced first
+        for module in (ours, theirs):
+            module(rows).sum().backward()
+        grad = ours.weight.grad.coalesce()
+        flat.grad = torch.sparse_coo_tensor((grad.indices()[0][:, None] * 3 + torch.arange(3)).reshape(1, -1),
+                                            grad.values().reshape(-1), (30,))
+        for optimizer in optimizers:
+            optimizer.step()
+            optimizer.zero_grad()
+    torch.testing.assert_close(ours.weight, theirs.weight, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(flat.data, theirs.weight.detach().flatten(), rtol=1e-6, atol=1e-7)
+    untouched = [r for r in range(10) if r not in (0, 1, 2, 4, 7)]
+    assert torch.equal(ours.weight[untouched], weights[untouched])

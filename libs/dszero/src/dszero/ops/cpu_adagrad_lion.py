@@ -28,6 +28,7 @@ class _CPUOptimizer(torch.optim.Optimizer):
     _name = ""
 
     _any_device = False  # the fused (device) variants step wherever their parameters are
+    _takes_sparse = False
 
     def _params_to_step(self, index: int, group: dict) -> list[torch.Tensor]:
         params = []
@@ -38,7 +39,7 @@ class _CPUOptimizer(torch.optim.Optimizer):
                 raise ZeroConfigError(f"{self._name}: param_groups[{index}]['params'][{position}] is a {p.dtype} "
                                       f"tensor on {p.device}; it updates float32, bfloat16 or float16 CPU "
                                       "parameters (ZeRO's offloaded master weights)")
-            if p.grad.is_sparse:
+            if p.grad.is_sparse and not self._takes_sparse:
                 raise ZeroConfigError(f"{self._name}: param_groups[{index}]['params'][{position}] has a sparse "
                                       "gradient, which it does not take; use torch.optim.SparseAdam")
             params.append(p)
@@ -58,6 +59,7 @@ class CPUAdagrad(_CPUOptimizer):
     """Adagrad on CPU parameters (DeepSpeed's DeepSpeedCPUAdagrad): sum += g^2; p -= lr * g / (sqrt(sum) + eps)."""
 
     _name = "CPUAdagrad"
+    _takes_sparse = True  # embeddings with sparse=True: only the rows a step touched are updated
 
     def __init__(self, params: Iterable, lr: float = 1e-2, eps: float = 1e-10, weight_decay: float = 0.0,
                  amsgrad: bool = False, fp32_optimizer_states: bool = True):
@@ -78,6 +80,9 @@ class CPUAdagrad(_CPUOptimizer):
                 loss = closure()
         for index, group in enumerate(self.param_groups):
             params = self._params_to_step(index, group)
+            for p in [p for p in params if p.grad.is_sparse]:
+                self._sparse_step(group, p)
+            params = [p for p in params if not p.grad.is_sparse]
             if not params:
                 continue
             sums = []
@@ -99,6 +104,25 @@ class CPUAdagrad(_CPUOptimizer):
             self._write_back(params, work)
             self._write_back(sums, sums32)
         return loss
+
+
+    def _sparse_step(self, group: dict, p: torch.Tensor) -> None:
+        """The same update on the elements a sparse gradient holds; the rest of the parameter and its sum stay."""
+        state = self.state[p]
+        if not state:
+            state["step"] = 0
+            state["exp_avg_sq"] = torch.zeros_like(p, dtype=self._state_dtype(group, p))
+        state["step"] += 1
+        grad = p.grad.coalesce()
+        where = tuple(grad.indices())  # coalesced: each element (or row, for an embedding) once
+        values = grad.values().float()
+        work = p.data[where].float()
+        total = state["exp_avg_sq"][where].float()
+        decayed = values + group["weight_decay"] * work if group["weight_decay"] else values
+        total += decayed * decayed
+        work -= group["lr"] * values / (total.sqrt() + group["eps"])
+        p.data[where] = work.to(p.dtype)
+        state["exp_avg_sq"][where] = total.to(state["exp_avg_sq"].dtype)
 
 
 class CPULion(_CPUOptimizer):
