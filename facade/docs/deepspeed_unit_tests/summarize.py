@@ -27,6 +27,33 @@ def _first_line(text: str | None, limit: int = 150) -> str:
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
+_VERBOSE_LINE = re.compile(r"^(\S+::\S+) (PASSED|FAILED|SKIPPED|ERROR)")
+
+
+def _from_log(log: Path, outcome: dict) -> None:
+    """What a file's run had finished when it was stopped (no JUnit report then), from pytest's verbose lines;
+    the test running when it was stopped is counted as failed, "hung: stopped by the file's timeout"."""
+    if not log.exists():
+        return
+    last = None
+    for line in _ANSI.sub("", log.read_text(errors="replace")).splitlines():
+        match = _VERBOSE_LINE.match(line)
+        if match:
+            test, status = match.groups()
+            key = {"PASSED": "passed", "FAILED": "failed", "ERROR": "failed", "SKIPPED": "skipped"}[status]
+            outcome[key] += 1
+            if key == "failed":
+                outcome["failures"].append((test.split("::", 1)[1], "(see the log: the run was stopped)"))
+            elif key == "skipped":
+                outcome["skips"]["(reason in the log: the run was stopped)"] += 1
+            last = None
+        elif re.match(r"^\S+::\S+ *$", line.strip()):
+            last = line.strip()
+    if last:
+        outcome["failed"] += 1
+        outcome["failures"].append((last.split("::", 1)[1], "hung: stopped by the file's timeout"))
+
+
 def _file_result(results: Path, path: str) -> dict:
     name = path.replace("/", "__")
     outcome = {"passed": 0, "failed": 0, "skipped": 0, "skips": collections.Counter(), "failures": [], "note": ""}
@@ -35,6 +62,10 @@ def _file_result(results: Path, path: str) -> dict:
     if rc in (124, 137):
         outcome["note"] = "timed out (the file's run was stopped)"
     if not xml_file.exists():
+        if rc is None:
+            outcome["note"] = "not run"
+            return outcome
+        _from_log(results / f"{name}.log", outcome)
         outcome["note"] = outcome["note"] or f"no report (exit status {rc})"
         return outcome
     for case in ElementTree.parse(xml_file).getroot().iter("testcase"):
