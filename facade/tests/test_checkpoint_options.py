@@ -86,15 +86,23 @@ def load_errors(rank, world, directory):
             engine.load_checkpoint(directory, tag=tag)
         except dstrain.CheckpointLoadError as exc:
             errors.append(str(exc))
+    for save_dir in ("", None):  # DeepSpeed's ValueError; "" is not the working directory
+        try:
+            engine.save_checkpoint(save_dir)
+        except ValueError as exc:
+            errors.append(str(exc))
     return nothing, messages, errors, (Path(directory) / "latest").read_text()
 
 
-def test_missing_checkpoints_warn_or_fail_clearly(tmp_path):
-    nothing, messages, errors, latest = run_ranks(load_errors, 1, str(tmp_path))[0]
+def test_missing_checkpoints_and_no_directory_fail_clearly(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    nothing, messages, errors, latest = run_ranks(load_errors, 1, str(tmp_path / "checkpoints"))[0]
     assert nothing == (None, None) and any("latest" in m for m in messages)
     assert "does not exist" in errors[0] and "good" in errors[0]
     assert "did not finish" in errors[1]
-    assert latest == "good"
+    assert errors[2:] == [f"save_checkpoint(save_dir={d!r}): save_dir must name the checkpoint's directory"
+                          for d in ("", None)]
+    assert latest == "good" and sorted(p.name for p in tmp_path.iterdir()) == ["checkpoints"]
 
 
 def killed_mid_save(rank, world, directory):

@@ -63,7 +63,7 @@ files=()
 if [ $# -gt 0 ]; then
   files=("$1"); shift
 else
-  rm -rf "$results"
+  [ -n "${DS_UNIT_LIST:-}" ] || rm -rf "$results"  # a partial run keeps the other files' reports
   while read -r path _; do
     case "$path" in ''|'#'*) ;; *) files+=("$path") ;; esac
   done < "${DS_UNIT_LIST:-$here/files.txt}"

@@ -42,6 +42,8 @@ def save_checkpoint(parts: TrainingParts, save_dir: Any, tag: Any, client_state:
                     exclude_frozen_parameters: bool = False) -> bool:
     if parts.optimizer is None:
         raise DstrainError("save_checkpoint() needs an optimizer: a checkpoint is the training state")
+    if save_dir is None or not str(save_dir):  # "" would be the working directory, as Path("") reads it
+        raise ValueError(f"save_checkpoint(save_dir={save_dir!r}): save_dir must name the checkpoint's directory")
     layout = RunLayout.of(parts)
     steps = parts.progress.global_steps
     tag = check_tag(str(tag) if tag is not None else f"global_step{steps}")
