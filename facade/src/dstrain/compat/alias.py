@@ -80,7 +80,7 @@ MAPPED_PATHS: dict[str, str] = {
     "deepspeed.moe.experts": "dstrain.moe.experts",
     "deepspeed.runtime.pipe": "dstrain.pipe",
     "deepspeed.runtime.pipe.module": "dstrain.pipe",
-    "deepspeed.runtime.pipe.topology": "dscomm.topology",
+    "deepspeed.runtime.pipe.topology": "dstrain.runtime.pipe_topology",
     # Ulysses sequence parallelism (dsseq)
     "deepspeed.sequence": "dstrain.sequence",
     "deepspeed.sequence.layer": "dstrain.sequence.layer",
