@@ -3,6 +3,7 @@
 consolidated 16-bit state dict, a stage-3 engine without an optimizer, Accelerate's config dict, and the
 DeepSpeed module paths they import."""
 
+import json
 import subprocess
 import sys
 
@@ -186,3 +187,52 @@ def test_deepspeeds_optimizer_classes_answer_isinstance_for_the_engines_optimize
     for name in ("stage 2", "stage 3", "stage 0 bf16"):  # one rank: the whole model's fp32 masters
         assert found[name][1] >= numel and found[name][2] == {torch.float32}, (name, found[name])
     assert "not a class to build" in found["build"]
+
+
+class _Tied(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.first = torch.nn.Linear(6, 6)
+        self.second = torch.nn.Linear(6, 6)
+        self.second.weight = self.first.weight  # tied: one parameter, two names
+
+    def forward(self, x):
+        return self.second(self.first(x)).square().mean()
+
+
+def _zero_to_fp32_as_deepspeed(rank, world, root):
+    from deepspeed.utils.zero_to_fp32 import (
+        convert_zero_checkpoint_to_fp32_state_dict,
+        get_fp32_state_dict_from_zero_checkpoint,
+    )
+
+    import dstrain.as_deepspeed
+
+    cfg = {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 2}, "optimizer": ADAMW}
+    engine, *_ = dstrain.initialize(model=_Tied(), config=cfg)
+    engine.backward(engine(torch.randn(2, 6)))
+    engine.step()
+    engine.save_checkpoint(root, tag="t")
+    if rank != 0:
+        return None
+    with dstrain.zero.GatheredParameters(list(engine.module.parameters())):
+        trained = {k: v.detach().float().clone() for k, v in engine.module.state_dict().items()}
+    state = get_fp32_state_dict_from_zero_checkpoint(root)  # the tag from `latest`
+    fresh = _Tied()
+    fresh.load_state_dict(state, strict=True)  # both names of the tied weight are there
+    whole = convert_zero_checkpoint_to_fp32_state_dict(root, f"{root}/out")
+    sharded = convert_zero_checkpoint_to_fp32_state_dict(root, f"{root}/sharded", max_shard_size=200,
+                                                         safe_serialization=True, tag="t")
+    index = json.loads(sharded.read_text())
+    from_bin = torch.load(whole, weights_only=True)
+    return (sorted(state) == sorted(trained) and all(torch.equal(state[k], trained[k]) for k in trained),
+            whole.name, all(torch.equal(from_bin[k], trained[k]) for k in trained), sharded.name,
+            len(set(index["weight_map"].values())), sorted(index["weight_map"]) == sorted(trained))
+
+
+def test_zero_to_fp32_reads_what_save_checkpoint_wrote_and_writes_deepspeeds_files(tmp_path):
+    same, whole, same_bin, index, files, all_names = run_ranks(_zero_to_fp32_as_deepspeed, 2, str(tmp_path),
+                                                               timeout=180)[0]
+    assert same and whole == "pytorch_model.bin" and same_bin
+    assert index == "model.safetensors.index.json" and files > 1 and all_names
