@@ -139,6 +139,11 @@ back = torch.empty_like(data)
 handle.sync_pread(back, sys.argv[1])
 assert torch.equal(back, data)
 assert required_torch_version(min_version=2.1) and not required_torch_version(max_version="1.13")
+from deepspeed import get_accelerator
+accelerator = get_accelerator()
+assert accelerator.ByteTensor([1, 2]).dtype == torch.uint8 and accelerator.BFloat16Tensor([1.0]).dtype == torch.bfloat16
+plain = torch.ones(3)
+assert accelerator.unpin_memory(plain) is plain and not accelerator.is_pinned(plain)
 print("ok")
 """
 
