@@ -144,6 +144,13 @@ accelerator = get_accelerator()
 assert accelerator.ByteTensor([1, 2]).dtype == torch.uint8 and accelerator.BFloat16Tensor([1.0]).dtype == torch.bfloat16
 plain = torch.ones(3)
 assert accelerator.unpin_memory(plain) is plain and not accelerator.is_pinned(plain)
+from deepspeed.runtime.data_pipeline.curriculum_scheduler import CurriculumScheduler
+from deepspeed.runtime.data_pipeline.data_routing.helper import convert_to_random_ltd
+from deepspeed.runtime.data_pipeline.data_sampling.data_analyzer import DataAnalyzer
+curriculum = CurriculumScheduler({"curriculum_type": "seqlen", "min_difficulty": 8, "max_difficulty": 64,
+                                  "schedule_type": "fixed_linear",
+                                  "schedule_config": {"total_curriculum_step": 10, "difficulty_step": 8}})
+assert [curriculum.update_difficulty(step) for step in (1, 5, 10, 20)] == [8, 32, 64, 64]
 print("ok")
 """
 

@@ -81,6 +81,17 @@ MAPPED_PATHS: dict[str, str] = {
     "deepspeed.runtime.pipe": "dstrain.pipe",
     "deepspeed.runtime.pipe.module": "dstrain.pipe",
     "deepspeed.runtime.pipe.topology": "dstrain.runtime.pipe_topology",
+    # data efficiency (dsdata)
+    "deepspeed.runtime.data_pipeline": "dstrain.runtime.data_pipeline",
+    "deepspeed.runtime.data_pipeline.curriculum_scheduler": "dstrain.runtime.data_pipeline.curriculum_scheduler",
+    "deepspeed.runtime.data_pipeline.data_sampling": "dstrain.runtime.data_pipeline.data_sampling",
+    "deepspeed.runtime.data_pipeline.data_sampling.data_analyzer": "dstrain.runtime.data_pipeline.data_sampling.data_analyzer",
+    "deepspeed.runtime.data_pipeline.data_sampling.data_sampler": "dstrain.runtime.data_pipeline.data_sampling.data_sampler",
+    "deepspeed.runtime.data_pipeline.data_sampling.indexed_dataset": "dstrain.runtime.data_pipeline.data_sampling.indexed_dataset",
+    "deepspeed.runtime.data_pipeline.data_routing": "dstrain.runtime.data_pipeline.data_routing",
+    "deepspeed.runtime.data_pipeline.data_routing.helper": "dstrain.runtime.data_pipeline.data_routing.helper",
+    "deepspeed.runtime.data_pipeline.data_routing.basic_layer": "dstrain.runtime.data_pipeline.data_routing.basic_layer",
+    "deepspeed.runtime.data_pipeline.data_routing.scheduler": "dstrain.runtime.data_pipeline.data_routing.scheduler",
     # Ulysses sequence parallelism (dsseq)
     "deepspeed.sequence": "dstrain.sequence",
     "deepspeed.sequence.layer": "dstrain.sequence.layer",
@@ -106,7 +117,8 @@ PUBLIC_PATHS: dict[str, str] = {
 # Target modules that need a library the facade does not always have: the module's first name -> pip line.
 _PROVIDERS = {"dstrain.pipe": "dspipe", "dstrain.moe": "dsmoe", f"{_C}.pipe": "dspipe", f"{_C}.moe": "dsmoe",
               "dstrain.sequence": "dsseq", f"{_C}.sequence": "dsseq", "dstrain.runtime.sequence_parallel": "dsseq",
-              f"{_C}.runtime.sequence_parallel": "dsseq"}
+              f"{_C}.runtime.sequence_parallel": "dsseq", "dstrain.runtime.data_pipeline": "dsdata",
+              f"{_C}.runtime.data_pipeline": "dsdata"}
 
 
 def libraries_behind(target: str) -> list[str]:
