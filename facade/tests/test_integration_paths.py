@@ -143,7 +143,7 @@ from deepspeed import get_accelerator
 accelerator = get_accelerator()
 assert accelerator.ByteTensor([1, 2]).dtype == torch.uint8 and accelerator.BFloat16Tensor([1.0]).dtype == torch.bfloat16
 plain = torch.ones(3)
-assert accelerator.unpin_memory(plain) is plain and not accelerator.is_pinned(plain)
+assert accelerator.unpin_memory(plain) is None and not accelerator.is_pinned(plain)
 from deepspeed.runtime.data_pipeline.curriculum_scheduler import CurriculumScheduler
 from deepspeed.runtime.data_pipeline.data_routing.helper import convert_to_random_ltd
 from deepspeed.runtime.data_pipeline.data_sampling.data_analyzer import DataAnalyzer

@@ -91,9 +91,10 @@ class Accelerator:
     def is_pinned(self, tensor: torch.Tensor) -> bool:
         return tensor.is_pinned() if torch.cuda.is_available() else False
 
-    def unpin_memory(self, tensor: torch.Tensor) -> torch.Tensor:
-        """The tensor in pageable memory: a copy of a pinned one, the tensor itself otherwise."""
-        return torch.empty_like(tensor, pin_memory=False).copy_(tensor) if self.is_pinned(tensor) else tensor
+    def unpin_memory(self, tensor: torch.Tensor) -> None:
+        """Nothing to release (DeepSpeed's answer for torch's pinned memory, which goes with the tensor): the
+        accelerators pin through torch only."""
+        return None
 
     # DeepSpeed's tensor constructors on this accelerator (get_accelerator().ByteTensor([1, 2]), ...).
     def _constructor(self, dtype: torch.dtype):
