@@ -15,4 +15,9 @@ class CheckpointLoadError(DstrainError):
     """A checkpoint that is missing, incomplete, or does not match the engine."""
 
 
-__all__ = ["CheckpointLoadError", "ConfigError", "DstrainError", "UnsupportedFeatureError"]
+class CheckpointTagError(DstrainError, AssertionError):
+    """Ranks saving under different tags with checkpoint.tag_validation "Fail". An AssertionError too: DeepSpeed
+    raises that type here, and scripts catch it."""
+
+
+__all__ = ["CheckpointLoadError", "CheckpointTagError", "ConfigError", "DstrainError", "UnsupportedFeatureError"]

@@ -23,7 +23,7 @@ import dscomm
 from dsconfig import ZeroConfig, resolve_auto
 
 from . import fragments
-from .errors import ZeroConfigError, ZeroError
+from .errors import UnusedParametersError, ZeroConfigError, ZeroError
 from .flat import FlatGroup
 from .layout import GroupLayout
 from .offload.optimizer_swap import SwappedStep
@@ -390,7 +390,7 @@ class ZeroOptimizer:
         if self.stage == 2 and not self.config.ignore_unused_parameters:
             unused = self.reducer.without_gradients()
             if unused:
-                raise ZeroError(f"zero_optimization.ignore_unused_parameters is false and {len(unused)} parameter(s) "
+                raise UnusedParametersError(f"zero_optimization.ignore_unused_parameters is false and {len(unused)} parameter(s) "
                                 f"got no gradient in this step (first: {', '.join(unused[:3])}); set it to true (the "
                                 f"default) to train on, or use every parameter in the forward")
         shards = self.reducer.reduce()
