@@ -4,7 +4,9 @@ parts (`parts.build_training_parts`) are built, saved and reported on without it
 
 from __future__ import annotations
 
+import contextlib
 import gc
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -12,7 +14,7 @@ import torch
 from dscomm import watchdog
 from dsconfig import DeepSpeedConfig
 
-from ..errors import DstrainError
+from ..errors import DstrainError, EngineUsageError
 from ..logs import log_on_rank0
 from .accessors import EngineAccessors
 from .parts import build_training_parts
@@ -121,9 +123,31 @@ class DeepSpeedEngine(EngineAccessors, torch.nn.Module):
         """Override the boundary (e.g. at the end of an epoch); None returns to counting micro-steps."""
         self._progress.boundary_override = is_boundary
 
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backward passes inside accumulate gradients on this rank only (DDP's no_sync, DeepSpeed's): at ZeRO
+        stages 0-1 gradients are reduced at the step anyway, so the step after the block applies what the passes
+        inside accumulated; step() inside is refused. Stages 2-3 reduce as gradients arrive (partitioning them),
+        so it is refused there."""
+        stage = self.zero_optimization_stage()
+        if stage >= 2:
+            raise EngineUsageError(f"no_sync context manager is incompatible with gradient partitioning logic of ZeRO "
+                                   f"stage {stage}: zero_optimization.stage 2 and 3 reduce gradients as they arrive; "
+                                   f"use stage 0 or 1, or gradient_accumulation_steps")
+        if getattr(self, "_inside_no_sync", False):
+            raise EngineUsageError("no_sync context manager reentry is unsupported: leave the outer one first")
+        self._inside_no_sync = True
+        try:
+            yield
+        finally:
+            self._inside_no_sync = False
+
     def step(self, lr_kwargs: dict | None = None) -> None:
         """Count the micro-batch; at the accumulation boundary, update the weights and the scheduler."""
         self._require_optimizer("step")
+        if getattr(self, "_inside_no_sync", False):
+            raise EngineUsageError("It is illegal to call Engine.step() inside no_sync context manager: the gradients "
+                                   "accumulated there are this rank's alone; step after the with-block")
         progress, optimizer = self._progress, self.optimizer
         boundary = self.is_gradient_accumulation_boundary()
         if boundary:
