@@ -32,6 +32,7 @@ _C = "dstrain.compat"
 MAPPED_PATHS: dict[str, str] = {
     "deepspeed": "dstrain",
     "deepspeed.accelerator": "dstrain.accelerator",
+    "deepspeed.git_version_info": f"{_C}.git_version_info",
     "deepspeed.comm": "dstrain.comm",
     "deepspeed.zero": "dstrain.zero",
     "deepspeed.checkpointing": "dstrain.checkpointing",
