@@ -336,6 +336,12 @@ class ZeroOptimizer:
     def fp32_groups_flat(self) -> list[torch.Tensor]:  # FP16_Optimizer / BF16_Optimizer (stage 0)
         return self.master_partitions
 
+    def empty_partition_cache(self) -> None:
+        """Stage 3: release the parameters left gathered (DeepSpeed's engine.empty_partition_cache); a no-op
+        below stage 3, where parameters are never partitioned."""
+        if self.partitions_parameters:
+            self.reducer.release_gathered()
+
     @property
     def param_groups(self) -> list[dict[str, Any]]:
         """The wrapped optimizer's parameter groups (lr, betas, ...), as torch optimizers expose them."""

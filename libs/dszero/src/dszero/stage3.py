@@ -450,6 +450,11 @@ class Stage3:
             mark(position, index)
         return hook
 
+    def release_gathered(self) -> None:
+        """Release every gathered parameter that is not persistent or held (between steps: what a step's
+        forward left gathered, the prefetch's reads included)."""
+        self._release_all()
+
     def _release_all(self) -> None:
         for unit in self.units:
             unit.release()
