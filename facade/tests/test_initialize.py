@@ -99,7 +99,8 @@ def _engine_surface(rank, world):
     assert not model.training
     engine.train()
     surface = (engine.zero_optimization_stage(), engine.get_lr(), engine.get_mom(), engine.module is model,
-               engine.embed is model.embed, engine.is_gradient_accumulation_boundary())
+               engine.embed is model.embed, engine.is_gradient_accumulation_boundary(),
+               engine.sparse_tensor_module_names)
     # backward returns the loss as its gradients count (DeepSpeed's): divided by the accumulation steps.
     accumulating, *_ = dstrain.initialize(model=make_model(), config=config(gas=4, optimizer=ADAMW))
     tokens = torch.randint(0, 48, (4, 13), generator=torch.Generator().manual_seed(0))
@@ -111,7 +112,7 @@ def _engine_surface(rank, world):
 
 def test_engine_accessors_and_what_backward_returns():
     surface, returned, loss = run_ranks(_engine_surface, 1)[0]
-    assert surface == (0, [0.01], [(0.9, 0.999)], True, True, True)
+    assert surface == (0, [0.01], [(0.9, 0.999)], True, True, True, set())
     assert returned == pytest.approx([loss / 4, loss], rel=1e-6)
 
 
