@@ -25,6 +25,12 @@ from .parts import build_training_parts
 _DEEPSPEED_PRIVATE_API = {"_consolidated_16bit_state_dict", "_zero3_consolidated_16bit_state_dict"}
 
 
+
+def _functorch_transforming() -> bool:
+    """Inside torch.func.grad / vmap / jacrev (their gradients are the function's own, not a training step's)."""
+    peek = getattr(getattr(torch._C, "_functorch", None), "peek_interpreter_stack", None)
+    return peek is not None and peek() is not None
+
 class DeepSpeedEngine(EngineAccessors, torch.nn.Module):
     """Built by `dstrain.initialize()`; `engine(*inputs)`, `engine.backward(loss)`, `engine.step()`."""
 
@@ -74,7 +80,8 @@ class DeepSpeedEngine(EngineAccessors, torch.nn.Module):
         with self.precision.forward_context():
             output = self.module(*inputs, **kwargs)
         timer.stop()
-        if self.module.training and torch.is_grad_enabled() and self.optimizer is not None:
+        if (self.module.training and torch.is_grad_enabled() and self.optimizer is not None
+                and not _functorch_transforming()):
             _hook_outputs(output, self._scale_plain_backward)
         return output
 
@@ -87,8 +94,8 @@ class DeepSpeedEngine(EngineAccessors, torch.nn.Module):
 
     def _scale_plain_backward(self, grad: torch.Tensor) -> torch.Tensor | None:
         # A plain loss.backward() skips engine.backward's scaling: apply it to what flows into the outputs.
-        if self._engine_backward_active:
-            return None
+        if self._engine_backward_active or _functorch_transforming():
+            return None  # torch.func.grad(engine) differentiates the module as it is: nothing to scale
         factor = self._loss_factor()
         return grad * factor if factor != 1.0 else None
 
