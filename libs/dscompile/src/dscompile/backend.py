@@ -151,6 +151,20 @@ def _saved_count_from_meta(module: fx.GraphModule) -> int | None:
     return total - end
 
 
+def copy_captured(gm: fx.GraphModule) -> fx.GraphModule:
+    """A copy of a dynamo graph that AOT autograd still recognises as one (its placeholders' sources tell
+    it which inputs are parameters, whose lifetime is static: the partitioner saves them, not their views)."""
+    copied = copy.deepcopy(gm)
+    sources = {n.name: n._dynamo_source for n in gm.graph.find_nodes(op="placeholder") if hasattr(n, "_dynamo_source")}
+    for node in copied.graph.find_nodes(op="placeholder"):
+        if node.name in sources:
+            node._dynamo_source = sources[node.name]
+    if hasattr(gm, "_param_name_to_source"):
+        copied._param_name_to_source = gm._param_name_to_source
+    copied.meta.update(gm.meta)
+    return copied
+
+
 class ScheduledGraph:
     """What dynamo runs for one captured graph: the compile for the schedule entry in force, made again
     when the entry changes (then specialised to the shapes of the call that needed it)."""
@@ -158,7 +172,7 @@ class ScheduledGraph:
     def __init__(self, backend: DeepCompileBackend, index: int, gm: fx.GraphModule, example_inputs: list[Any]):
         self.backend = backend
         self.index = index
-        self.original = copy.deepcopy(gm)
+        self.original = copy_captured(gm)
         self.epoch = backend.runtime.epoch
         self.current = backend.compile(index, gm, list(example_inputs))
         self.by_shape: dict[tuple, Any] = {}
@@ -173,7 +187,12 @@ class ScheduledGraph:
             key = tuple(tuple(a.shape) if isinstance(a, torch.Tensor) else repr(a) for a in args)
             compiled = self.by_shape.get(key)
             if compiled is None:
-                compiled = self.backend.compile(self.index, copy.deepcopy(self.original), list(args))
+                gate = runtime.eager_gather
+                gate.paused = True
+                try:
+                    compiled = self.backend.compile(self.index, copy_captured(self.original), list(args))
+                finally:
+                    gate.paused = False
                 self.by_shape[key] = compiled
             return compiled(*args)
         return self.current(*args)

@@ -20,7 +20,6 @@ from dsconfig import CompileConfig
 
 from .backend import DeepCompileBackend
 from .errors import DeepCompileError
-from .fallback import EagerFallback
 from .graphinfo import Budgets
 from .runtime import DeepCompileRuntime
 
@@ -49,10 +48,7 @@ def deepcompile(module: torch.nn.Module, zero: Any, settings: CompileConfig | No
     runtime = DeepCompileRuntime(zero, settings, schedule=schedule, step=step, budgets=budgets)
     compiler = DeepCompileBackend(runtime, backend, inductor_options)
     runtime.module = module
-    runtime.fallback = None
-    if runtime.stage == 3:
-        runtime.controls.remove_module_hooks()
-        runtime.fallback = EagerFallback(runtime).install()
+    runtime.controls.remove_module_hooks()  # stage 3: the graphs gather; EagerGather covers eager code
     try:
         module.compile(backend=compiler, **kwargs)
     except Exception:
@@ -82,8 +78,6 @@ def deepcompile(module: torch.nn.Module, zero: Any, settings: CompileConfig | No
 
 def _uninstall(runtime: DeepCompileRuntime) -> None:
     """Back to eager ZeRO: dszero's hooks, the module uncompiled, the runtime closed."""
-    if runtime.fallback is not None:
-        runtime.fallback.remove()
     runtime.controls.restore_module_hooks()
     runtime.module._compiled_call_impl = None
     runtime.close()

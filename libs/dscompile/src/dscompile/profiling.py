@@ -24,7 +24,7 @@ class _Spec:
     device: torch.device
 
     def make(self) -> torch.Tensor:
-        return torch.zeros_strided(self.shape, self.stride, dtype=self.dtype, device=self.device)
+        return torch.empty_strided(self.shape, self.stride, dtype=self.dtype, device=self.device).zero_()
 
 
 class InputStore:

@@ -24,6 +24,7 @@ from dszero import CompilerControls
 
 from . import ops
 from .errors import DeepCompileError
+from .fallback import EagerGather
 from .graphinfo import Budgets, GraphInfo, ParamSlot, Profile, UnitSlot
 from .memory import profile_memory
 from .passes import choose_kept_units
@@ -94,6 +95,7 @@ class DeepCompileRuntime:
         self.end_queued = False
         self.states_offloaded = False
         self.closed = False
+        self.eager_gather = EagerGather(self)
 
     # ------------------------------------------------------------------ what the passes see
     @staticmethod
@@ -138,10 +140,15 @@ class DeepCompileRuntime:
         if self.window_depth == 1:
             self.hollow_released()
         try:
-            yield
+            if self.window_depth == 1:
+                with self.eager_gather:
+                    yield
+            else:
+                yield
         finally:
             self.window_depth -= 1
             if self.window_depth == 0:
+                self.eager_gather.release_all()
                 for unit in self.units:
                     if not unit.gathered:
                         for param in unit.params:

@@ -14,10 +14,11 @@ for it. On the CPU the shards already live in host memory and the ops move nothi
 
 from __future__ import annotations
 
+import torch
 from torch import fx
 
 from .. import ops
-from ..graph import output_node, placeholders
+from ..graph import output_node, placeholders, value_of
 from ..graphinfo import BACKWARD, FORWARD, GraphInfo
 
 
@@ -38,7 +39,7 @@ def offload_adam_states(graph: fx.Graph, info: GraphInfo) -> fx.Graph:
             at -= 1
             covered += times.get(nodes[at].name, 0.0)
         before = nodes[at]
-        after = [n for n in nodes[:at] if n.op != "placeholder" and n.op != "output"][-1:]
+        after = [n for n in nodes[:at] if n.op == "call_function" and isinstance(value_of(n), torch.Tensor)][-1:]
         with graph.inserting_before(before if before is not output else output):
             graph.call_function(ops.reload_states, (after, info.runtime))
     graph.lint()
