@@ -30,7 +30,9 @@ LAYERS: dict[str, set[str]] = {
     "dsmoe": {"dsconfig", "dscomm"},
     "dstp": {"dsconfig", "dscomm"},
     "dsdata": {"dsconfig", "dscomm"},
-    "dstrain": {"dsconfig", "dscomm", "dsaio", "dsmonitor", "dszero", "dspipe", "dsmoe", "dstp", "dsdata"},
+    "dscompile": {"dsconfig", "dscomm", "dszero", "dstp"},  # above the middle row (DESIGN.md)
+    "dstrain": {"dsconfig", "dscomm", "dsaio", "dsmonitor", "dszero", "dspipe", "dsmoe", "dstp", "dsdata",
+                "dscompile"},
 }
 
 # A library tested a second time with another extra: session name -> (library, extra, modules that

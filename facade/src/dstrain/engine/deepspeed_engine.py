@@ -33,6 +33,7 @@ class DeepSpeedEngine(EngineAccessors, torch.nn.Module):
         self.data_parallel_group = data_parallel_group
         self._engine_backward_active = False
         self._compiled = False
+        self.deepcompile_runtime: Any = None  # dscompile's, after compile() with compile.deepcompile
         if config.dump_state:
             log_on_rank0(self.global_rank, self._state_text())
         # What trains, not what the config named: a client's optimizer or scheduler wins over the config's.
@@ -139,10 +140,28 @@ class DeepSpeedEngine(EngineAccessors, torch.nn.Module):
     def get_type(self) -> type:
         return type(self.module)
 
-    def compile(self, backend: str = "inductor", compile_kwargs: dict | None = None) -> None:
-        """torch.compile the wrapped module in place (DeepSpeed's engine.compile); hooks stay attached."""
-        self.module.compile(backend=backend, **(compile_kwargs or {}))
+    def compile(self, backend: str = "inductor", compile_kwargs: dict | None = None, schedule: Any = None) -> None:
+        """torch.compile the wrapped module in place (DeepSpeed's engine.compile). With compile.deepcompile,
+        ZeRO's collectives go into the graphs (dscompile; schedule: [(step, [pass names])]); without it, a
+        plain torch.compile with the hooks attached. A second call does nothing."""
+        if self._compiled:
+            return
+        if self._config.compile.deepcompile:
+            from ..wiring.dscompile import compile_deepcompile
+
+            self.deepcompile_runtime = compile_deepcompile(self, backend, compile_kwargs, schedule)
+        elif schedule is not None:
+            raise DstrainError("engine.compile(schedule=...) schedules DeepCompile's passes: set "
+                               "\"compile\": {\"deepcompile\": true} in the config")
+        else:
+            self.module.compile(backend=backend, **(compile_kwargs or {}))
         self._compiled = True
+
+    def destroy(self) -> None:
+        runtime = getattr(self, "deepcompile_runtime", None)
+        if runtime is not None:
+            runtime.close()
+        super().destroy()
 
     @property
     def is_compiled(self) -> bool:

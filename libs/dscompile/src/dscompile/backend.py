@@ -142,7 +142,7 @@ class DeepCompileBackend:
 
 def _saved_count_from_meta(module: fx.GraphModule) -> int | None:
     """How many of a forward graph's outputs backward saves, from inductor's note of the user-visible ones."""
-    out = [n for n in module.graph.nodes if n.op == "output"][0]
+    out = next(n for n in module.graph.nodes if n.op == "output")
     visible = out.meta.get("user_visible_output_idxs")
     if visible is None:
         return None

@@ -74,11 +74,11 @@ class DeepCompileRuntime:
         self.budgets = budgets or self._budgets(zero)
         if self.stage == 2:
             self.controls.set_overlap(self.settings.double_buffer)
-        if self.settings.offload_parameters and not self.controls.shards_can_move(self.units):
-            if any(p.device.type != "cpu" for p in self.params):
-                raise DeepCompileError("compile.offload_parameters: the parameter shards are the optimizer's master "
-                                       "weights too (same dtype, no optimizer offload), so they cannot leave the "
-                                       "device; use bf16/fp16 training or zero_optimization.offload_optimizer")
+        if (self.settings.offload_parameters and not self.controls.shards_can_move(self.units)
+                and any(p.device.type != "cpu" for p in self.params)):
+            raise DeepCompileError("compile.offload_parameters: the parameter shards are the optimizer's master "
+                                   "weights too (same dtype, no optimizer offload), so they cannot leave the "
+                                   "device; use bf16/fp16 training or zero_optimization.offload_optimizer")
         self.id = ops.register_runtime(self)
         self.stats: Counter[str] = Counter()
         self.pending: dict[int, tuple[Any, float, int]] = {}

@@ -37,7 +37,7 @@ def prefetch(graph: fx.Graph, info: GraphInfo) -> fx.Graph:
         floor = max([after_previous, *(order[a] + 1 for a in start.all_input_nodes)])
         after_previous = here + 1
 
-        def fits(i: int) -> bool:
+        def fits(i: int, size: int = size) -> bool:
             if in_flight[i] + 1 > budgets.gathers_ahead or ahead[i] + size > budgets.prefetch_bytes:
                 return False
             if memory.gathered[i] + extra[i] + size > budgets.live_bytes:
