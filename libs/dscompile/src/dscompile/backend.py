@@ -77,6 +77,10 @@ class DeepCompileBackend:
         from torch._functorch.partitioners import min_cut_rematerialization_partition
 
         def partition(joint, joint_inputs, **kwargs):
+            # Parameters live on anyway: the partitioner should save them, not their views (which would keep the
+            # gathered weights alive until backward). Dynamo marks them; a recompile's copy may not.
+            static = set(kwargs.get("static_lifetime_input_indices") or ())
+            kwargs["static_lifetime_input_indices"] = sorted(static | {i for i, s in enumerate(slots) if s})
             forward, backward = min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
             state.num_saved = sum(1 for n in placeholders(backward.graph) if not n.name.startswith("tangents"))
             return forward, backward

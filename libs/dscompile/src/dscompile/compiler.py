@@ -32,7 +32,8 @@ def deepcompile(module: torch.nn.Module, zero: Any, settings: CompileConfig | No
     """Compile `module` (trained by the dszero optimizer `zero`) with DeepCompile's passes.
 
     settings: the config's compile section; schedule: [(step, [pass names or callables])], None for the
-    reference's default; step: the optimizer step counter the schedule follows (default: backward passes);
+    reference's default; step: the optimizer step counter the schedule follows (default: the steps of
+    zero's torch optimizer);
     budgets: override the memory budgets taken from zero's config.
     """
     kwargs = dict(compile_kwargs or {})

@@ -3,7 +3,8 @@
 Each node that is not a view allocates its value; a value's memory goes back after the last node that
 reads it or a view of it (as inductor and FX's code free them); graph outputs live to the end. Inputs
 are counted as held by the caller, except ZeRO parameters (partitioned: their placeholders hold none).
-A gather allocates its unit's whole flat weights; the release after its last reader hands them back.
+A gather allocates its unit's whole flat weights; the release after its last reader hands them back
+(a value is held until every node that takes it has run, the passes' own ops included).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ class MemoryProfile:
     names: list[str]  # node names, in order
     live: list[int]  # bytes held after each node ran
     peak: list[int]  # bytes held while each node ran (its inputs and its output at once)
-    gathered: list[int]  # of `live`, the bytes of gathered parameters (stage 3)
+    gathered: list[int]  # of `peak`, the bytes of gathered parameters (stage 3) while each node ran
 
     @property
     def max_peak(self) -> int:
@@ -55,7 +56,7 @@ def profile_memory(graph: fx.Graph, info: GraphInfo | None = None) -> MemoryProf
         index = order[node]
         alloc[index] = size
         gathered_alloc[index] = node.op == "call_function" and node.target is ops.gather
-        readers = real_users(node, ignore=ops.BOOKKEEPING)
+        readers = real_users(node)
         if out in readers:
             continue  # an output: lives on
         last = max((order[r] for r in readers), default=index)
@@ -68,12 +69,12 @@ def profile_memory(graph: fx.Graph, info: GraphInfo | None = None) -> MemoryProf
         if gathered_alloc[index]:
             current_gathered += alloc[index]
         peak.append(current)
+        gathered.append(current_gathered)
         for freed in free_after[index]:
             current -= alloc[freed]
             if gathered_alloc[freed]:
                 current_gathered -= alloc[freed]
         live.append(current)
-        gathered.append(current_gathered)
     return MemoryProfile([n.name for n in nodes], live, peak, gathered)
 
 

@@ -55,7 +55,10 @@ class DeepCompileRuntime:
         self.group = getattr(zero, "process_group", None)
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.backward_count = 0
-        self.step_source = step or (lambda: self.backward_count)
+        self.optimizer_steps = 0
+        if step is None:  # the wrapped torch optimizer's steps, as the engine's global_steps would count them
+            self._step_hook = zero.optimizer.register_step_post_hook(self._count_step)
+        self.step_source = step or (lambda: self.optimizer_steps)
         self.params = self.controls.params()
         self.units = self.controls.units()
         names = {id(p): n for n, p in zero.module.named_parameters()}
@@ -96,6 +99,9 @@ class DeepCompileRuntime:
         self.states_offloaded = False
         self.closed = False
         self.eager_gather = EagerGather(self)
+
+    def _count_step(self, *args: Any) -> None:
+        self.optimizer_steps += 1
 
     # ------------------------------------------------------------------ what the passes see
     @staticmethod
@@ -263,12 +269,12 @@ class DeepCompileRuntime:
         buffer = torch.empty(numel, dtype=dtype, device=device)
         handle = self.controls.gather_into(unit, buffer, async_op=True)
         size = buffer.numel() * buffer.element_size()
+        self._note_ahead()  # what other gathers are in flight while this one starts
         self.pending[unit_key] = (handle, time.perf_counter(), size)
         self.stats["gathers"] += 1
         self.live_gathered += size
         self.ahead += size
         self.peak_gathered = max(self.peak_gathered, self.live_gathered)
-        self.peak_ahead = max(self.peak_ahead, self.ahead)
         self._sync("after_allgather")
         return buffer
 
@@ -280,9 +286,15 @@ class DeepCompileRuntime:
         if not self.profiling:
             self.profile.gather_seconds[unit_key] = time.perf_counter() - start
 
+    def _note_ahead(self) -> None:
+        """Gathers in flight while another unit's gather starts or is waited for run ahead of their use:
+        what the prefetch budget bounds (peak_ahead)."""
+        self.peak_ahead = max(self.peak_ahead, self.ahead)
+
     def op_wait_gather(self, unit_key: int, buffer: torch.Tensor) -> None:
         if unit_key in self.pending:
             self._complete_gather(unit_key)
+        self._note_ahead()
         self.stats["waits"] += 1
 
     def op_release(self, unit_key: int, buffer: torch.Tensor) -> None:
@@ -378,4 +390,7 @@ class DeepCompileRuntime:
         for key in sorted(self.kept_units):
             self.controls.keep_gathered(self.units[key], False)
         self.kept_units = frozenset()
+        hook = getattr(self, "_step_hook", None)
+        if hook is not None:
+            hook.remove()
         ops.unregister_runtime(self.id)
