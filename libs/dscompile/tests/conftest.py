@@ -2,11 +2,12 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
+
 # --import-mode=importlib keeps test folders off sys.path; the graph helpers live here.
 sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")  # no compile workers forked inside test ranks
 
-import pytest  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -83,7 +83,7 @@ def _eager_code(rank, world):
 
 def test_graph_breaks_and_eager_layers_run_as_eager_zero3():
     for by_model in run_ranks(_eager_code, 2, timeout=300):
-        for name, (eager, compiled) in by_model.items():
+        for eager, compiled in by_model.values():
             assert_same_training(eager, compiled)
         assert by_model["eager_layer"][1]["stats"]["eager_gathers"] > 0  # the disabled layer gathered eagerly
         assert by_model["graph_break"][1]["stats"].get("eager_gathers", 0) == 0  # both halves compiled

@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch import fx
 
-from dscompile import DeepCompileError, WARMUP, default_schedule, profile_memory, validate_schedule
+from dscompile import WARMUP, DeepCompileError, default_schedule, profile_memory, validate_schedule
 from dscompile.schedule import entry_at
 from dsconfig import CompileConfig
 

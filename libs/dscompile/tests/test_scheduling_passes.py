@@ -30,7 +30,7 @@ def test_prefetch_moves_gathers_early_within_the_bytes_and_count_it_was_given(ca
     plain, forward, _ = _rewritten(captured, runtime, Budgets())
     largest = max(u.nbytes for u in forward.units.values())
     budget = Budgets(prefetch_bytes=units_ahead * largest, gathers_ahead=units_ahead)
-    (fw, bw), forward, backward = _rewritten(captured, runtime, budget)
+    (fw, bw), forward, _ = _rewritten(captured, runtime, budget)
     assert forward.decisions["prefetched"] > 0
     assert _gather_order(fw) == _gather_order(plain[0])  # every rank keeps the same collective order
     outs, _ = run_pair(captured, fw, bw)
@@ -60,13 +60,13 @@ def test_prefetch_keeps_the_graphs_peak_under_a_given_budget(captured):
 
 def test_no_prefetch_budget_moves_nothing(captured):
     runtime = LocalRuntime(captured.model)
-    (fw, _), forward, _ = _rewritten(captured, runtime, Budgets(prefetch_bytes=0))
+    _, forward, _ = _rewritten(captured, runtime, Budgets(prefetch_bytes=0))
     assert forward.decisions.get("prefetched", 0) == 0
 
 
 def test_selective_gather_takes_kept_units_out_of_the_graphs(captured):
     runtime = LocalRuntime(captured.model)
-    (fw, bw), forward, backward = _rewritten(captured, runtime, Budgets(), kept=frozenset({1, 3}))
+    (fw, bw), _, _ = _rewritten(captured, runtime, Budgets(), kept=frozenset({1, 3}))
     assert sorted(_gather_order(fw)) == [0, 2] and sorted(_gather_order(bw)) == [2]
     outs, _ = run_pair(captured, fw, bw, hollow=False)  # kept units are whole: the graph reads them directly
     torch.testing.assert_close(outs, reference(captured)[0])
