@@ -5,6 +5,7 @@ import torch
 
 import dscompile
 from dscompile.profiling import InputStore
+from dsconfig import CompileConfig
 
 
 def test_version_matches_the_installed_metadata():
@@ -31,7 +32,8 @@ def test_every_pass_is_registered_under_the_references_name():
 @pytest.mark.parametrize(("keep_int", "keep_all", "kept"), [(True, False, "ints"), (False, False, "none"),
                                                             (False, True, "all")])
 def test_the_profiling_run_keeps_the_input_values_the_keys_ask_for(keep_int, keep_all, kept):
-    store = InputStore(keep_int=keep_int, keep_all=keep_all)
+    settings = CompileConfig(deepcompile=True, keep_int_input_tensors=keep_int, keep_all_input_tensors=keep_all)
+    store = InputStore(keep_int=settings.keep_int_input_tensors, keep_all=settings.keep_all_input_tensors)
     tokens, activations = torch.arange(6).reshape(2, 3), torch.randn(2, 3)
     weight = torch.nn.Parameter(torch.randn(3))
     store.record(0, [tokens, activations, weight])
