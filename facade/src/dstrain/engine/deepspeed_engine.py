@@ -158,9 +158,10 @@ class DeepSpeedEngine(EngineAccessors, torch.nn.Module):
         self._compiled = True
 
     def destroy(self) -> None:
-        runtime = getattr(self, "deepcompile_runtime", None)
-        if runtime is not None:
-            runtime.close()
+        if self.deepcompile_runtime is not None:
+            from ..wiring.dscompile import uncompile
+
+            uncompile(self.deepcompile_runtime)
         super().destroy()
 
     @property

@@ -50,3 +50,8 @@ def compile_deepcompile(engine: Any, backend: str, compile_kwargs: dict | None, 
     dscompile = require("dscompile", "compile.deepcompile")
     return dscompile.deepcompile(engine.module, engine.optimizer, config.compile, backend=backend,
                                  compile_kwargs=compile_kwargs, schedule=schedule, step=lambda: engine.global_steps)
+
+
+def uncompile(runtime: Any) -> None:
+    """The module trains as eager ZeRO again (engine.destroy())."""
+    require("dscompile", "compile.deepcompile").uncompile(runtime)

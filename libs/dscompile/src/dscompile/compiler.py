@@ -72,14 +72,12 @@ def deepcompile(module: torch.nn.Module, zero: Any, settings: CompileConfig | No
             return module._call_impl(*args, **kw)
 
     module._compiled_call_impl = call
-    runtime.fell_back = None
     runtime.compiler = compiler
     return runtime
 
 
 def _uninstall(runtime: DeepCompileRuntime) -> None:
-    """Back to eager ZeRO: dszero's hooks, the module uncompiled, the runtime closed."""
-    runtime.controls.restore_module_hooks()
+    """Back to eager ZeRO: the module uncompiled, the runtime closed (dszero's hooks back)."""
     runtime.module._compiled_call_impl = None
     runtime.close()
 

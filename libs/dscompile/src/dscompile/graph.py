@@ -108,15 +108,5 @@ def tensor_outputs_of(user: fx.Node) -> list[fx.Node]:
     return items[:1]
 
 
-def last_in_order(nodes: Iterable[fx.Node], order: dict[fx.Node, int]) -> fx.Node | None:
-    nodes = list(nodes)
-    return max(nodes, key=order.__getitem__) if nodes else None
-
-
-def first_in_order(nodes: Iterable[fx.Node], order: dict[fx.Node, int]) -> fx.Node | None:
-    nodes = list(nodes)
-    return min(nodes, key=order.__getitem__) if nodes else None
-
-
 def count_calls(graph: fx.Graph, target: Any) -> int:
     return sum(1 for node in graph.nodes if node.op == "call_function" and node.target is target)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from torch import fx
 
 from . import ops
-from .graph import alias_base, is_view, nbytes, output_node, positions, real_users
+from .graph import is_view, nbytes, output_node, positions, real_users
 from .graphinfo import GraphInfo
 
 
@@ -76,7 +76,3 @@ def profile_memory(graph: fx.Graph, info: GraphInfo | None = None) -> MemoryProf
                 current_gathered -= alloc[freed]
         live.append(current)
     return MemoryProfile([n.name for n in nodes], live, peak, gathered)
-
-
-def base_of(node: fx.Node) -> fx.Node:
-    return alias_base(node)

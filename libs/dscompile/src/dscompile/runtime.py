@@ -99,6 +99,8 @@ class DeepCompileRuntime:
         self.states_offloaded = False
         self.closed = False
         self.eager_gather = EagerGather(self)
+        self.module: torch.nn.Module | None = None  # what deepcompile() compiled
+        self.fell_back: str | None = None  # why compiling failed, when the module runs as eager ZeRO instead
 
     def _count_step(self, *args: Any) -> None:
         self.optimizer_steps += 1
@@ -380,9 +382,12 @@ class DeepCompileRuntime:
 
     # ------------------------------------------------------------------ the end
     def close(self) -> None:
+        """Done: anything in flight completed, states home, kept units partitioned again, and dszero's own
+        hooks back, so the module trains as eager ZeRO (deepcompile's wrapper then calls it uncompiled)."""
         if self.closed:
             return
         self.closed = True
+        self.controls.restore_module_hooks()
         for unit in list(self.pending):
             self._complete_gather(unit)
         if self.states_offloaded:
