@@ -5,8 +5,11 @@ Every configuration runs in its own freshly forked pair of ranks, one round afte
 zero3, compiled zero3, ...). Steady-state step times are medians of the timed steps (the slower rank);
 compile time is reported apart: the compiled run's first step (dynamo + AOT + inductor) and the step at
 which the default schedule recompiles with prefetch and selective gather (step 5, the reference's
-WARMUP). Peak memory per rank is the resident-set high-water mark over the timed steps only (reset with
-/proc/self/clear_refs before them, so compiling's own memory is not counted).
+WARMUP). Memory per rank, two ways: the resident-set high-water mark over the timed steps (reset with
+/proc/self/clear_refs before them), which for a compiled run also holds what compiling left in the
+process; and the training peak: the bytes of every tensor alive when the timed steps start (model
+states, kept parameters) plus the most malloc handed out above that during them (sampled every 0.5 ms),
+which counts the same things for every configuration.
 
     flock /tmp/dstrain-bench.lock python libs/dscompile/bench/bench_deepcompile.py [--steps 6] [--rounds 3]
 """
@@ -14,10 +17,14 @@ WARMUP). Peak memory per rank is the resident-set high-water mark over the timed
 from __future__ import annotations
 
 import argparse
+import ctypes
+import gc
 import os
 import statistics
 import sys
+import threading
 import time
+import warnings
 from pathlib import Path
 
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
@@ -35,6 +42,56 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "dszero" / "bench")
 from bench_stages import GPT, MICRO, SEQ, VOCAB
 
 WARMUP_STEPS = dscompile.WARMUP + 2  # compiled: past the default schedule's switch (and its recompile)
+
+
+class _Mallinfo(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                     "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+_LIBC = ctypes.CDLL("libc.so.6")
+_LIBC.mallinfo2.restype = _Mallinfo
+
+
+def _heap_bytes() -> int:
+    info = _LIBC.mallinfo2()
+    return info.uordblks + info.hblkhd  # in use on the heap + in mmapped chunks (large tensors)
+
+
+class _HeapPeak:
+    """The most malloc hands out while it runs, sampled on a thread (torch's kernels release the GIL)."""
+
+    def __enter__(self):
+        self.base = self.peak = _heap_bytes()
+        self.running = True
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.thread.start()
+        return self
+
+    def _sample(self):
+        while self.running:
+            self.peak = max(self.peak, _heap_bytes())
+            time.sleep(0.0005)
+
+    def __exit__(self, *exc):
+        self.running = False
+        self.thread.join()
+
+
+def _tensor_bytes() -> int:
+    """Bytes of the storages of every tensor alive (each storage once)."""
+    storages = {}
+    with warnings.catch_warnings():  # some objects torch.distributed keeps warn when their type is asked
+        warnings.simplefilter("ignore")
+        objects = gc.get_objects()
+    for obj in objects:
+        if isinstance(obj, torch.Tensor):
+            try:
+                storage = obj.untyped_storage()
+            except (RuntimeError, NotImplementedError):
+                continue
+            storages[storage.data_ptr()] = max(storages.get(storage.data_ptr(), 0), storage.nbytes())
+    return sum(storages.values())
 
 
 def _hwm_mb() -> float:
@@ -77,16 +134,23 @@ def run(rank: int, world: int, kind: str, steps: int, backend: str) -> dict:
     gen = torch.Generator().manual_seed(rank)
     warmup = WARMUP_STEPS if runtime is not None else 2
     times, compile_s = [], []
-    for i in range(warmup + steps):
-        tokens = torch.randint(0, VOCAB, (MICRO, SEQ + 1), generator=gen)
+    for _ in range(warmup):
         torch.distributed.barrier()
-        if i == warmup:
-            _reset_hwm()
         began = time.perf_counter()
-        step(tokens)
-        elapsed = time.perf_counter() - began
-        (times if i >= warmup else compile_s).append(elapsed)
-    result = {"step_s": statistics.median(times), "peak_mb": _hwm_mb(), "warmup_s": compile_s}
+        step(torch.randint(0, VOCAB, (MICRO, SEQ + 1), generator=gen))
+        compile_s.append(time.perf_counter() - began)
+    gc.collect()
+    resident = _tensor_bytes()
+    _reset_hwm()
+    with _HeapPeak() as heap:
+        for _ in range(steps):
+            tokens = torch.randint(0, VOCAB, (MICRO, SEQ + 1), generator=gen)
+            torch.distributed.barrier()
+            began = time.perf_counter()
+            step(tokens)
+            times.append(time.perf_counter() - began)
+    result = {"step_s": statistics.median(times), "peak_mb": _hwm_mb(), "warmup_s": compile_s,
+              "train_mb": (resident + heap.peak - heap.base) / 2**20, "resident_mb": resident / 2**20}
     if runtime is not None:
         result["stats"] = dict(runtime.stats)
         result["kept"] = len(runtime.kept_units)
@@ -107,18 +171,26 @@ def main() -> None:
             results = run_ranks(run, 2, kind, args.steps, args.backend, timeout=3600)
             slower = max(results, key=lambda r: r["step_s"])
             slower["peak_mb"] = max(r["peak_mb"] for r in results)
+            slower["train_mb"] = max(r["train_mb"] for r in results)
             rows[kind].append(slower)
-            print(f"  {kind}: {slower['step_s']:.3f} s/step, peak {slower['peak_mb']:.0f} MB", flush=True)
+            print(f"  {kind}: {slower['step_s']:.3f} s/step, peak RSS {slower['peak_mb']:.0f} MB, training peak "
+                  f"{slower['train_mb']:.0f} MB (tensors at start {slower['resident_mb']:.0f} MB)", flush=True)
     print(f"GPT 27.4M parameters, 2 gloo ranks, fp32, micro-batch {MICRO} x {SEQ}; {args.steps} timed steps, "
-          f"{args.rounds} rounds (medians); compiled with {args.backend}")
-    median = {k: statistics.median(r["step_s"] for r in rows[k]) for k in kinds}
-    print(f"{'config':<16}{'step (s)':>10}{'x zero1':>9}{'x zero3':>9}{'peak MB/rank':>14}{'x zero3':>9}")
-    peak = {k: statistics.median(r["peak_mb"] for r in rows[k]) for k in kinds}
+          f"{args.rounds} rounds; ratios are medians of the per-round ratios (same round, same load)")
+
+    def ratio(kind: str, anchor: str, key: str) -> float:
+        if anchor not in rows:
+            return float("nan")
+        return statistics.median(a[key] / b[key] for a, b in zip(rows[kind], rows[anchor]))
+
+    print(f"{'config':<16}{'step (s)':>10}{'x zero1':>9}{'x zero3':>9}{'peak RSS MB':>13}{'training MB':>13}"
+          f"{'x zero3':>9}")
     for kind in kinds:
-        x1 = median[kind] / median["zero1"] if "zero1" in median else float("nan")
-        x3 = median[kind] / median["zero3"] if "zero3" in median else float("nan")
-        m3 = peak[kind] / peak["zero3"] if "zero3" in peak else float("nan")
-        print(f"{kind:<16}{median[kind]:>10.3f}{x1:>9.2f}{x3:>9.2f}{peak[kind]:>14.0f}{m3:>9.2f}")
+        step = statistics.median(r["step_s"] for r in rows[kind])
+        rss = statistics.median(r["peak_mb"] for r in rows[kind])
+        train = statistics.median(r["train_mb"] for r in rows[kind])
+        print(f"{kind:<16}{step:>10.3f}{ratio(kind, 'zero1', 'step_s'):>9.2f}{ratio(kind, 'zero3', 'step_s'):>9.2f}"
+              f"{rss:>13.0f}{train:>13.0f}{ratio(kind, 'zero3', 'train_mb'):>9.2f}")
     if "compiled_zero3" in rows:
         first = statistics.median(r["warmup_s"][0] for r in rows["compiled_zero3"])
         switch = statistics.median(r["warmup_s"][dscompile.WARMUP] for r in rows["compiled_zero3"])
