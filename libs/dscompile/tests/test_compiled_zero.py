@@ -78,10 +78,13 @@ def _eager_code(rank, world):
     for name, model in (("eager_layer", {"eager_layer": True}), ("graph_break", {"graph_break": True})):
         out[name] = (train(rank, stage=3, compiled=False, model=model),
                      train(rank, stage=3, compiled=True, model=model))
+    # bf16 (fp32 master weights in dszero): the graphs gather and reduce in the model's dtype, as eager does
+    out["bf16"] = (train(rank, stage=3, compiled=False, precision="bf16", steps=2),
+                   train(rank, stage=3, compiled=True, precision="bf16", steps=2))
     return out
 
 
-def test_graph_breaks_and_eager_layers_run_as_eager_zero3():
+def test_graph_breaks_eager_layers_and_bf16_run_as_eager_zero3():
     for by_model in run_ranks(_eager_code, 2, timeout=300):
         for eager, compiled in by_model.values():
             assert_same_training(eager, compiled)

@@ -40,14 +40,16 @@ class Tiny(nn.Module):
 
 def train(rank: int, *, stage: int, compiled: bool, steps: int = 3, gas: int = 2, settings: dict | None = None,
           schedule=None, budgets=None, backend: str = "aot_eager", model: dict | None = None,
-          clip: float = 0.0) -> dict:
+          clip: float = 0.0, precision: str = "fp32") -> dict:
     """Losses, gathered parameters and the runtime's counts of `steps` optimizer steps of `gas` micro-steps."""
     torch._dynamo.reset()
     torch.manual_seed(0)
     net = Tiny(**(model or {}))
+    if precision != "fp32":
+        net = net.to({"bf16": torch.bfloat16, "fp16": torch.float16}[precision])
     zero = dszero.ZeroOptimizer(net, torch.optim.AdamW(net.parameters(), lr=1e-2),
                                 dsconfig.ZeroConfig(stage=stage, stage3_param_persistence_threshold=0),
-                                gradient_clipping=clip)
+                                gradient_clipping=clip, precision=precision)
     runtime = None
     log = []
     if compiled:
