@@ -72,6 +72,10 @@ class PipelineEngine(EngineAccessors, torch.nn.Module):
         if not isinstance(model, PipelineModule):
             raise DstrainError(f"PipelineEngine trains a dspipe PipelineModule, got {type(model).__name__}")
         refuse_zero_stage_3(config)
+        if config.hybrid_engine.enabled:
+            raise ConfigError(Problem("hybrid_engine.enabled", "the Hybrid Engine generates with a whole model's "
+                                      "generate(), which a PipelineModule's stages are not: train the actor "
+                                      "without a pipeline", True))
         schedule = choose_schedule(config, model)
         parts = build_training_parts(model, config, optimizer=optimizer, model_parameters=model_parameters,
                                      training_data=training_data, lr_scheduler=lr_scheduler, collate_fn=collate_fn,

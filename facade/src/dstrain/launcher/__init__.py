@@ -1,4 +1,5 @@
-"""The `dstrain` launcher (DeepSpeed's `deepspeed` command): hostfiles, filters, per-node torchrun."""
+"""The `dstrain` launcher (DeepSpeed's `deepspeed` command): hostfiles, filters, per-node torchrun, or one
+mpirun / srun for the job (`--launcher openmpi|mpich|impi|mvapich|slurm`)."""
 
 from ._proctree import dies_with_parent
 from .errors import HostfileError, LaunchError

@@ -65,6 +65,8 @@ GATED_FEATURES = (
                  "data efficiency (curriculum learning, random-LTD)", "dsdata", _data_efficiency),
     GatedFeature("curriculum_learning.enabled", "curriculum_learning.enabled", "the legacy seqlen curriculum",
                  "dsdata", lambda cfg: cfg.curriculum_learning.enabled),
+    GatedFeature("sequence_parallel_size", "sequence_parallel_size", "Ulysses sequence parallelism", "dsseq",
+                 lambda cfg: cfg.sequence_parallel_size if cfg.sequence_parallel_size > 1 else 0),
     GatedFeature("compile.deepcompile", "compile.deepcompile", "DeepCompile", "dscompile",
                  lambda cfg: cfg.compile.deepcompile),
 )
@@ -72,9 +74,7 @@ GATED_FEATURES = (
 # Gated features whose library, once installed, this version's engine also composes into training.
 ENGINE_COMPOSES: frozenset[str] = frozenset({"tensor_parallel.autotp_size", "data_efficiency.enabled",
                                              "curriculum_learning.enabled", "pipeline", "expert_parallel.enabled",
-                                             "compile.deepcompile"})
-
-_NEVER_PROVIDED = (("hybrid_engine.enabled", "the hybrid engine", lambda cfg: cfg.hybrid_engine.enabled),)
+                                             "sequence_parallel_size", "compile.deepcompile"})
 
 
 def provided_features(declared: Iterable[EntryPoint] | None = None) -> dict[str, str]:
@@ -116,10 +116,6 @@ def check_features(cfg: DeepSpeedConfig, raw: dict | None, provided: Mapping[str
             problems.append(Problem(feature.key, f"turns on {feature.what}: {provided[feature.name]} provides it, "
                                                  f"but this dstrain's engine does not compose it yet; remove the "
                                                  f"key or turn it off", feature.value(cfg)))
-    for path, what, on in _NEVER_PROVIDED:
-        if on(cfg):
-            problems.append(Problem(path, f"turns on {what}, which dstrain does not provide; remove it or turn it "
-                                          f"off", True))
     if cfg.checkpoint.load_universal:
         problems.append(Problem("checkpoint.load_universal",
                                 "universal checkpoints are not needed: dstrain checkpoints load at any data-parallel "
