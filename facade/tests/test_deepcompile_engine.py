@@ -90,6 +90,7 @@ def _refusals(rank, world):
     seen = {}
     cases = {
         "compile.passes": dict(stage=3, compile={"deepcompile": True, "passes": ["autosp"]}),
+        "compile.passes at stage 0": dict(stage=0, compile={"deepcompile": True, "passes": ["autosp"]}),
         "zero_optimization.zero_quantized_weights": dict(stage=3, compile={"deepcompile": True}),
         "schedule": dict(stage=3, compile={"deepcompile": True}),
         "schedule without deepcompile": dict(stage=3),
@@ -98,10 +99,10 @@ def _refusals(rank, world):
         cfg = config(stage=case.pop("stage"), optimizer=ADAMW, **case)
         if name.startswith("zero_optimization"):
             cfg["zero_optimization"]["zero_quantized_weights"] = True
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            engine, *_ = dstrain.initialize(model=make_model(), config=cfg)
         try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                engine, *_ = dstrain.initialize(model=make_model(), config=cfg)  # the gate refuses autosp / autotp
             engine.compile(backend="aot_eager", schedule=[(0, ["zero3_compile", "warp_speed"])]
                            if name.startswith("schedule") else None)
             seen[name] = "accepted"
@@ -115,7 +116,9 @@ def _refusals(rank, world):
 
 def test_what_deepcompile_cannot_do_is_refused_naming_the_key():
     seen = run_ranks(_refusals, 1, timeout=300)[0]
-    assert "compile.passes" in seen["compile.passes"] and "autosp" in seen["compile.passes"]
+    for name in ("compile.passes", "compile.passes at stage 0"):  # AutoSP / AutoTP passes: issue 33's, not yet here
+        assert seen[name].startswith("UnsupportedFeatureError") and "compile.passes" in seen[name], seen[name]
+        assert "autosp" in seen[name]
     assert "zero_optimization.zero_quantized_weights" in seen["zero_optimization.zero_quantized_weights"]
     assert "unknown pass 'warp_speed'" in seen["schedule"]
     assert "deepcompile" in seen["schedule without deepcompile"]
