@@ -2,6 +2,7 @@
 1, 2 and 3, with gradient accumulation, with each pass on and off, around graph breaks and eager code;
 the ops the passes inserted are the ones that ran, and prefetching kept to its budget."""
 
+import pytest
 from training import assert_same_training, train
 
 from dscomm.testing import run_ranks
@@ -9,6 +10,8 @@ from dscompile import Budgets
 
 PARAMS = 9  # embed, norm (2), up (2), down (2), head (2)
 MICRO_STEPS = 6  # 3 steps x 2 micro-steps
+
+pytestmark = pytest.mark.usefixtures("warm_compiler")
 
 
 def _stages(rank, world):
