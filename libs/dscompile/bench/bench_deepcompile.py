@@ -83,14 +83,15 @@ def _tensor_bytes() -> int:
     storages = {}
     with warnings.catch_warnings():  # some objects torch.distributed keeps warn when their type is asked
         warnings.simplefilter("ignore")
-        objects = gc.get_objects()
-    for obj in objects:
-        if isinstance(obj, torch.Tensor):
+        for obj in gc.get_objects():
             try:
+                if not isinstance(obj, torch.Tensor):
+                    continue
                 storage = obj.untyped_storage()
-            except (RuntimeError, NotImplementedError):
-                continue
-            storages[storage.data_ptr()] = max(storages.get(storage.data_ptr(), 0), storage.nbytes())
+                address = storage.data_ptr()
+            except (ReferenceError, RuntimeError, NotImplementedError):
+                continue  # a dead weak proxy, or a fake tensor compiling left behind (no storage to count)
+            storages[address] = max(storages.get(address, 0), storage.nbytes())
     return sum(storages.values())
 
 
