@@ -24,7 +24,7 @@ SCRIPT = Path(__file__).parent / "scripts" / "host_tensors_on_nccl.py"
 _RENDEZVOUS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 EXPECTED = {"all_reduce": [3.0, 4.0], "broadcast": [7], "all_gather": [1.0, 2.0],
             "all_gather_into_tensor": [5.0, 6.0], "reduce_scatter_tensor": [8.0, 9.0],
-            "async_all_reduce": [2.5], "devices": ["cpu"]}
+            "async_all_reduce": [2.5], "summary_ranks": 1, "devices": ["cpu"]}
 
 
 def run(backend: str) -> dict:

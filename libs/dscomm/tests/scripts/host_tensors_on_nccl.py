@@ -37,6 +37,10 @@ with tempfile.TemporaryDirectory() as scratch:
     pending = torch.tensor([2.5])
     dscomm.all_reduce(pending, async_op=True).wait()
     results["async_all_reduce"] = pending.tolist()
+    dscomm.configure(enabled=True)
+    dscomm.all_reduce(torch.ones(4))
+    summary = dscomm.log_summary(return_dict=True)["summary"]
+    results["summary_ranks"] = summary["all_reduce"][16]["ranks"]
     results["devices"] = sorted({str(t.device) for t in (value, flag, gathered[0], into, out, pending)})
     dist.destroy_process_group()
 print(json.dumps(results))
