@@ -9,7 +9,7 @@ pyproject.toml:
     "expert_parallel.enabled" = "dsmoe"
 
 so installing a library lifts its own gate. The facade keeps the table of gated features below; a
-feature dstrain will never provide stays refused whatever is installed. Where a library is installed
+feature no library provides yet stays refused whatever is installed. Where a library is installed
 but this version's engine does not compose its feature yet, the feature is refused naming that.
 """
 
@@ -67,14 +67,23 @@ GATED_FEATURES = (
                  "dsdata", lambda cfg: cfg.curriculum_learning.enabled),
     GatedFeature("sequence_parallel_size", "sequence_parallel_size", "Ulysses sequence parallelism", "dsseq",
                  lambda cfg: cfg.sequence_parallel_size if cfg.sequence_parallel_size > 1 else 0),
+    GatedFeature("compile.deepcompile", "compile.deepcompile", "DeepCompile", "dscompile",
+                 lambda cfg: cfg.compile.deepcompile),
 )
 
 # Gated features whose library, once installed, this version's engine also composes into training.
 ENGINE_COMPOSES: frozenset[str] = frozenset({"tensor_parallel.autotp_size", "data_efficiency.enabled",
                                              "curriculum_learning.enabled", "pipeline", "expert_parallel.enabled",
-                                             "sequence_parallel_size"})
+                                             "sequence_parallel_size", "compile.deepcompile"})
 
-_NEVER_PROVIDED = (("compile.deepcompile", "DeepCompile", lambda cfg: cfg.compile.deepcompile),)
+
+def _compiled_parallel_passes(cfg: DeepSpeedConfig) -> list[str]:
+    return [name for name in cfg.compile.passes if name in ("autosp", "autotp")] if cfg.compile.deepcompile else []
+
+
+# What no installed library provides yet, whatever is installed: (key, what, its value when on, else falsy).
+_NOT_PROVIDED = (("compile.passes", "DeepCompile's autosp / autotp passes (compiled sequence / tensor parallelism; "
+                                    "dscompile runs the ZeRO passes)", _compiled_parallel_passes),)
 
 
 def provided_features(declared: Iterable[EntryPoint] | None = None) -> dict[str, str]:
@@ -116,10 +125,10 @@ def check_features(cfg: DeepSpeedConfig, raw: dict | None, provided: Mapping[str
             problems.append(Problem(feature.key, f"turns on {feature.what}: {provided[feature.name]} provides it, "
                                                  f"but this dstrain's engine does not compose it yet; remove the "
                                                  f"key or turn it off", feature.value(cfg)))
-    for path, what, on in _NEVER_PROVIDED:
-        if on(cfg):
-            problems.append(Problem(path, f"turns on {what}, which dstrain does not provide; remove it or turn it "
-                                          f"off", True))
+    for path, what, value in _NOT_PROVIDED:
+        if value(cfg):
+            problems.append(Problem(path, f"asks for {what}, which dstrain does not provide yet; remove it",
+                                    value(cfg)))
     if cfg.checkpoint.load_universal:
         problems.append(Problem("checkpoint.load_universal",
                                 "universal checkpoints are not needed: dstrain checkpoints load at any data-parallel "
