@@ -24,6 +24,10 @@ def compile_deepcompile(engine: Any, backend: str, compile_kwargs: dict | None, 
     reference compiles plainly: there is no partitioning to schedule)."""
     config = engine._config
     zero = config.zero_optimization
+    if "autosp" in config.compile.passes:  # Ulysses by a compiler pass: dsseq's, beside ZeRO 0-2
+        from .dsseq import compile_autosp
+
+        return compile_autosp(engine, backend, compile_kwargs)
     if zero.stage == 0:
         log_on_rank0(engine.global_rank, "compile.deepcompile schedules ZeRO stages 1-3; at stage 0 the model is "
                                           "compiled with plain torch.compile, as DeepSpeed falls back to it")
@@ -49,4 +53,9 @@ def compile_deepcompile(engine: Any, backend: str, compile_kwargs: dict | None, 
 
 def uncompile(runtime: Any) -> None:
     """The module trains as eager ZeRO again (engine.destroy())."""
+    from .dsseq import is_autosp_runtime, uncompile_autosp
+
+    if is_autosp_runtime(runtime):
+        uncompile_autosp(runtime)
+        return
     require("dscompile", "compile.deepcompile").uncompile(runtime)

@@ -78,12 +78,12 @@ ENGINE_COMPOSES: frozenset[str] = frozenset({"tensor_parallel.autotp_size", "dat
 
 
 def _compiled_parallel_passes(cfg: DeepSpeedConfig) -> list[str]:
-    return [name for name in cfg.compile.passes if name in ("autosp", "autotp")] if cfg.compile.deepcompile else []
+    return [name for name in cfg.compile.passes if name == "autotp"] if cfg.compile.deepcompile else []
 
 
 # What no installed library provides yet, whatever is installed: (key, what, its value when on, else falsy).
-_NOT_PROVIDED = (("compile.passes", "DeepCompile's autosp / autotp passes (compiled sequence / tensor parallelism; "
-                                    "dscompile runs the ZeRO passes)", _compiled_parallel_passes),)
+_NOT_PROVIDED = (("compile.passes", "DeepCompile's autotp pass (AutoTP's collectives in the compiled graph; autosp "
+                                    "is dsseq's, with sequence_parallel_size)", _compiled_parallel_passes),)
 
 
 def provided_features(declared: Iterable[EntryPoint] | None = None) -> dict[str, str]:
