@@ -28,6 +28,10 @@ def compile_deepcompile(engine: Any, backend: str, compile_kwargs: dict | None, 
         from .dsseq import compile_autosp
 
         return compile_autosp(engine, backend, compile_kwargs)
+    if "autotp" in config.compile.passes:  # AutoTP's collectives in the graph: dstp's pass, beside ZeRO 0-2
+        from .dstp import compile_autotp
+
+        return compile_autotp(engine, backend, compile_kwargs)
     if zero.stage == 0:
         log_on_rank0(engine.global_rank, "compile.deepcompile schedules ZeRO stages 1-3; at stage 0 the model is "
                                           "compiled with plain torch.compile, as DeepSpeed falls back to it")
@@ -54,8 +58,12 @@ def compile_deepcompile(engine: Any, backend: str, compile_kwargs: dict | None, 
 def uncompile(runtime: Any) -> None:
     """The module trains as eager ZeRO again (engine.destroy())."""
     from .dsseq import is_autosp_runtime, uncompile_autosp
+    from .dstp import is_autotp_runtime, uncompile_autotp
 
     if is_autosp_runtime(runtime):
         uncompile_autosp(runtime)
+        return
+    if is_autotp_runtime(runtime):
+        uncompile_autotp(runtime)
         return
     require("dscompile", "compile.deepcompile").uncompile(runtime)
