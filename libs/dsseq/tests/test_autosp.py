@@ -52,6 +52,10 @@ def worst_gap(model, ref_loss, ref_grads, loss, group, world):
 def sp2_families_and_refusals(rank, world):
     torch.set_num_threads(1)
     gaps, refusals = {}, {}
+    # The graph operator's fake kernel (shapes and strides, as inductor checks them) and gradient registration:
+    x = torch.randn(2, 4, 6, 8, dtype=torch.float64, requires_grad=True)
+    torch.library.opcheck(torch.ops.dsseq.all_to_all.default, (x, 1, 2, dist.group.WORLD.group_name))
+    torch.library.opcheck(torch.ops.dsseq.sum_over_ranks.default, (x, dist.group.WORLD.group_name))
     for family, extra in (("llama", {}), ("qwen2", {"num_hidden_layers": 1}),
                           ("mistral", {"num_hidden_layers": 1, "num_key_value_heads": 1})):
         model = tiny_models.model(family, **extra)

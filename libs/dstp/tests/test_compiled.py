@@ -74,6 +74,10 @@ def autotp_pass_against_eager(rank, world):
     dstp.parallelize(eager, groups.tensor, preset_model="llama")
     state = dstp.parallelize(compiled, groups.tensor, preset_model="llama")
     runtime = dstp.compile_autotp(compiled, backend="aot_eager")
+    x = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
+    for op in (torch.ops.dstp.copy_to_region, torch.ops.dstp.reduce_from_region):  # fake kernels, gradients
+        torch.library.opcheck(op.default, (x, state.tensor_group.group_name))
+        torch.library.opcheck(op.default, (x.t(), state.tensor_group.group_name))  # a transposed input
     gaps = []
     for step in range(2):
         ids = tiny_models.tokens(step)
