@@ -15,6 +15,15 @@ from dscomm.testing import run_ranks
 from dstrain.errors import DstrainError, UnsupportedFeatureError
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _warm_compiler():
+    """torch.compile once here before forking ranks: each rank's first compile would otherwise spend most of its
+    time loading and priming dynamo and AOT autograd. No process group exists here; the ranks inherit warm caches."""
+    model = torch.nn.Sequential(torch.nn.Embedding(8, 4), torch.nn.LayerNorm(4), torch.nn.Linear(4, 4))
+    torch.compile(model, backend="aot_eager")(torch.randint(0, 8, (2, 3))).sum().backward()
+    torch._dynamo.reset()
+
+
 def _engine(stage, compiled, **extra):
     torch._dynamo.reset()
     torch.manual_seed(0)

@@ -2,6 +2,7 @@
 1, 2 and 3, with gradient accumulation, with each pass on and off, around graph breaks and eager code;
 the ops the passes inserted are the ones that ran, and prefetching kept to its budget."""
 
+import pytest
 from training import assert_same_training, train
 
 from dscomm.testing import run_ranks
@@ -9,6 +10,8 @@ from dscompile import Budgets
 
 PARAMS = 9  # embed, norm (2), up (2), down (2), head (2)
 MICRO_STEPS = 6  # 3 steps x 2 micro-steps
+
+pytestmark = pytest.mark.usefixtures("warm_compiler")
 
 
 def _stages(rank, world):
@@ -43,11 +46,11 @@ def _passes(rank, world):
         "offload_activation": train(rank, stage=3, compiled=True, settings={"offload_activation": True},
                                     schedule=[(0, ["zero3_compile", "offload_activation"])],
                                     budgets=Budgets(offload_activation_bytes=0)),
-        "offload_opt_states": train(rank, stage=3, compiled=True, settings={"offload_opt_states": True}),
+        # the synchronous switches ride along with one offload run (each compiled run costs the suite seconds)
+        "offload_opt_states": train(rank, stage=3, compiled=True, settings={
+            "offload_opt_states": True, "double_buffer": False, "sync_before_reduce": True,
+            "sync_after_reduce": True, "sync_before_allgather": True, "sync_after_allgather": True}),
         "offload_parameters": train(rank, stage=3, compiled=True, settings={"offload_parameters": True}),
-        "synchronous": train(rank, stage=3, compiled=True, settings={
-            "double_buffer": False, "sync_before_reduce": True, "sync_after_reduce": True,
-            "sync_before_allgather": True, "sync_after_allgather": True}),
     }
 
 

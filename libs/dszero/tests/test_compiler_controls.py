@@ -44,12 +44,6 @@ def _handed_over(rank, world, stage):
     return [torch.equal(a, b) for a, b in zip(by_autograd, by_hand)], len(controls.params())
 
 
-def test_handed_over_gradients_reduce_as_autograds_do():
-    for stage in (2, 3):
-        for same, count in run_ranks(_handed_over, 2, stage, timeout=120):
-            assert all(same) and count > 0, stage
-
-
 def _units(rank, world):
     _model, zero = _zero(3)
     controls = dszero.CompilerControls(zero)
@@ -71,8 +65,15 @@ def _units(rank, world):
     return gathered_ok, kept, back, (hooks > 0, off, len(zero.reducer.module_hook_handles) == hooks)
 
 
-def test_a_unit_gathers_into_a_buffer_stays_kept_and_hooks_come_off():
-    for gathered_ok, kept, back, hooks in run_ranks(_units, 2, timeout=120):
+def _controls(rank, world):
+    return {2: _handed_over(rank, world, 2), 3: _handed_over(rank, world, 3)}, _units(rank, world)
+
+
+def test_handed_over_gradients_reduce_as_autograds_do_and_units_gather_stay_kept_and_unhook():
+    # One start of the ranks for every check (each start costs the suite seconds).
+    for handed, (gathered_ok, kept, back, hooks) in run_ranks(_controls, 2, timeout=120):
+        for stage, (same, count) in handed.items():
+            assert all(same) and count > 0, stage
         assert gathered_ok
         assert kept == (True, True, True)  # persistent units are not counted as live
         assert back == (False, False)
