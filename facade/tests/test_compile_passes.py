@@ -16,6 +16,7 @@ from dsseq import prepare_autosp_inputs
 @pytest.fixture(autouse=True, scope="module")
 def _modeling_code_loaded_before_forking():
     hf_model(num_hidden_layers=1)
+    _warm_compiler()
 
 
 def config(stage=2, sp=2):
@@ -106,3 +107,11 @@ def test_autosp_sp2_by_dp2_trains_as_one_rank_and_autotp_as_eager_autotp_and_ref
         assert "sequence_parallel_size" in refused["sp 1"] and "autosp" in refused["sp 1"]
         assert autotp_gap < 1e-10, autotp_gap
         assert "zero_optimization.stage" in refused["autotp stage 3"] and "autotp" in refused["autotp stage 3"]
+
+
+def _warm_compiler():
+    """torch.compile once here before forking ranks: each rank's first compile would otherwise spend most of its
+    time loading and priming dynamo and AOT autograd. No process group exists here; the ranks inherit warm caches."""
+    model = torch.nn.Sequential(torch.nn.Embedding(8, 4), torch.nn.LayerNorm(4), torch.nn.Linear(4, 4))
+    torch.compile(model, backend="aot_eager")(torch.randint(0, 8, (2, 3))).sum().backward()
+    torch._dynamo.reset()

@@ -22,6 +22,7 @@ SEQ = 16
 @pytest.fixture(autouse=True, scope="module")
 def _modeling_code_loaded_before_forking():
     tiny_models.warm("llama", "qwen2", "mistral")
+    _warm_compiler()
 
 
 def sample(index, batch=1):
@@ -103,3 +104,11 @@ def test_autosp_sp2_equals_one_rank_and_refuses_by_cause():
     assert "found no scaled-dot-product attention" in refusals["no attention"]
     assert "LlamaForCausalLM" in refusals["no attention"]
     assert "3 query heads" in refusals["heads"] and "size 2" in refusals["heads"]
+
+
+def _warm_compiler():
+    """torch.compile once here before forking ranks: each rank's first compile would otherwise spend most of its
+    time loading and priming dynamo and AOT autograd. No process group exists here; the ranks inherit warm caches."""
+    model = torch.nn.Sequential(torch.nn.Embedding(8, 4), torch.nn.LayerNorm(4), torch.nn.Linear(4, 4))
+    torch.compile(model, backend="aot_eager")(torch.randint(0, 8, (2, 3))).sum().backward()
+    torch._dynamo.reset()

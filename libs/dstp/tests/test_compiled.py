@@ -65,6 +65,7 @@ def test_what_a_pass_cannot_emit_is_refused_by_name():
 @pytest.fixture(autouse=True, scope="module")
 def _modeling_code_loaded_before_forking():
     tiny_models.model("llama")
+    _warm_compiler()
 
 
 def autotp_pass_against_eager(rank, world):
@@ -105,3 +106,11 @@ def test_autotp_pass_equals_autotp_eager():
         assert max(gaps) < 1e-12, gaps
         assert covered and layers_own == 0
         assert restored_communicates and abs(restored) < 1e-12
+
+
+def _warm_compiler():
+    """torch.compile once here before forking ranks: each rank's first compile would otherwise spend most of its
+    time loading and priming dynamo and AOT autograd. No process group exists here; the ranks inherit warm caches."""
+    model = torch.nn.Sequential(torch.nn.Embedding(8, 4), torch.nn.LayerNorm(4), torch.nn.Linear(4, 4))
+    torch.compile(model, backend="aot_eager")(torch.randint(0, 8, (2, 3))).sum().backward()
+    torch._dynamo.reset()
