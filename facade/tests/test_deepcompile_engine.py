@@ -125,7 +125,7 @@ def _refusals(rank, world):
 
 def test_what_deepcompile_cannot_do_is_refused_naming_the_key():
     seen = run_ranks(_refusals, 1, timeout=300)[0]
-    for name in ("compile.passes", "compile.passes at stage 0"):  # AutoSP / AutoTP passes: issue 33's, not yet here
+    for name in ("compile.passes", "compile.passes at stage 0"):  # AutoSP needs sequence_parallel_size, stages 0-2
         assert seen[name].startswith("UnsupportedFeatureError") and "compile.passes" in seen[name], seen[name]
         assert "autosp" in seen[name]
     assert "zero_optimization.zero_quantized_weights" in seen["zero_optimization.zero_quantized_weights"]

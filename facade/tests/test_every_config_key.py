@@ -329,7 +329,7 @@ KEYS: dict[str, tuple] = {
     "checkpoint.parallel_write.pipeline_stage": warned({"checkpoint": {"parallel_write": {"pipeline_stage": True}}}),
     # ---- compiler options: DeepCompile (dscompile); each setting is inert without compile.deepcompile
     "compile.deepcompile": obs(f"{FACADE}/test_deepcompile_engine.py::test_compiled_zero3_engine_trains_as_the_eager_one"),
-    "compile.passes": obs(f"{FACADE}/test_deepcompile_engine.py::test_what_deepcompile_cannot_do_is_refused_naming_the_key"),
+    "compile.passes": obs(f"{FACADE}/test_compile_passes.py::test_autosp_sp2_by_dp2_trains_as_one_rank_and_autotp_as_eager_autotp_and_refuse_by_key"),
     "compile.free_activation": obs(f"{DSCOMPILE}::test_each_pass_on_and_off_trains_as_eager_zero3"),
     "compile.free_activation_threshold": obs(f"{DSCOMPILE}::test_each_pass_on_and_off_trains_as_eager_zero3"),
     "compile.offload_activation": obs(f"{DSCOMPILE}::test_each_pass_on_and_off_trains_as_eager_zero3"),

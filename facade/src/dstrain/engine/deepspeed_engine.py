@@ -65,6 +65,10 @@ class DeepSpeedEngine(EngineAccessors, torch.nn.Module):
     # ------------------------------------------------------------------ the loop
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
         watchdog.record(f"engine forward of micro-step {self.micro_steps + 1} (step {self.global_steps + 1})")
+        if not self._compiled and self._config.compile.deepcompile and "autosp" in self._config.compile.passes:
+            raise DstrainError("compile.passes [\"autosp\"] shards each sequence inside the compiled graph: call "
+                               "engine.compile() before the first forward (uncompiled, every rank would train the "
+                               "whole sequence unsharded)")
         self.reporter.before_forward()
         timer = self.reporter.timer("fwd")
         timer.start()

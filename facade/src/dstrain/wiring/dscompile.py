@@ -24,12 +24,20 @@ def compile_deepcompile(engine: Any, backend: str, compile_kwargs: dict | None, 
     reference compiles plainly: there is no partitioning to schedule)."""
     config = engine._config
     zero = config.zero_optimization
+    if "autosp" in config.compile.passes:  # Ulysses by a compiler pass: dsseq's, beside ZeRO 0-2
+        from .dsseq import compile_autosp
+
+        return compile_autosp(engine, backend, compile_kwargs)
+    if "autotp" in config.compile.passes:  # AutoTP's collectives in the graph: dstp's pass, beside ZeRO 0-2
+        from .dstp import compile_autotp
+
+        return compile_autotp(engine, backend, compile_kwargs)
     if zero.stage == 0:
         log_on_rank0(engine.global_rank, "compile.deepcompile schedules ZeRO stages 1-3; at stage 0 the model is "
                                           "compiled with plain torch.compile, as DeepSpeed falls back to it")
         engine.module.compile(backend=backend, **(compile_kwargs or {}))
         return None
-    problems = []  # compile.passes autosp / autotp never get here: the feature gate refuses them at initialize()
+    problems = []  # compile.passes autosp / autotp were routed to their own passes above
     for key, on in (("zero_quantized_weights", zero.zero_quantized_weights),
                     ("zero_quantized_gradients", zero.zero_quantized_gradients),
                     ("zero_hpz_partition_size", zero.zero_hpz_partition_size > 1)):
@@ -49,4 +57,13 @@ def compile_deepcompile(engine: Any, backend: str, compile_kwargs: dict | None, 
 
 def uncompile(runtime: Any) -> None:
     """The module trains as eager ZeRO again (engine.destroy())."""
+    from .dsseq import is_autosp_runtime, uncompile_autosp
+    from .dstp import is_autotp_runtime, uncompile_autotp
+
+    if is_autosp_runtime(runtime):
+        uncompile_autosp(runtime)
+        return
+    if is_autotp_runtime(runtime):
+        uncompile_autotp(runtime)
+        return
     require("dscompile", "compile.deepcompile").uncompile(runtime)

@@ -8,9 +8,9 @@ pyproject.toml:
     [project.entry-points."dstrain.features"]
     "expert_parallel.enabled" = "dsmoe"
 
-so installing a library lifts its own gate. The facade keeps the table of gated features below; a
-feature no library provides yet stays refused whatever is installed. Where a library is installed
-but this version's engine does not compose its feature yet, the feature is refused naming that.
+so installing a library lifts its own gate. The facade keeps the table of gated features below. Where
+a library is installed but this version's engine does not compose its feature yet, the feature is
+refused naming that.
 """
 
 from __future__ import annotations
@@ -77,15 +77,6 @@ ENGINE_COMPOSES: frozenset[str] = frozenset({"tensor_parallel.autotp_size", "dat
                                              "sequence_parallel_size", "compile.deepcompile"})
 
 
-def _compiled_parallel_passes(cfg: DeepSpeedConfig) -> list[str]:
-    return [name for name in cfg.compile.passes if name in ("autosp", "autotp")] if cfg.compile.deepcompile else []
-
-
-# What no installed library provides yet, whatever is installed: (key, what, its value when on, else falsy).
-_NOT_PROVIDED = (("compile.passes", "DeepCompile's autosp / autotp passes (compiled sequence / tensor parallelism; "
-                                    "dscompile runs the ZeRO passes)", _compiled_parallel_passes),)
-
-
 def provided_features(declared: Iterable[EntryPoint] | None = None) -> dict[str, str]:
     """{feature name: providing module} from the "dstrain.features" entry points of the installed
     distributions, or of `declared` (entry points of other groups are ignored)."""
@@ -125,10 +116,6 @@ def check_features(cfg: DeepSpeedConfig, raw: dict | None, provided: Mapping[str
             problems.append(Problem(feature.key, f"turns on {feature.what}: {provided[feature.name]} provides it, "
                                                  f"but this dstrain's engine does not compose it yet; remove the "
                                                  f"key or turn it off", feature.value(cfg)))
-    for path, what, value in _NOT_PROVIDED:
-        if value(cfg):
-            problems.append(Problem(path, f"asks for {what}, which dstrain does not provide yet; remove it",
-                                    value(cfg)))
     if cfg.checkpoint.load_universal:
         problems.append(Problem("checkpoint.load_universal",
                                 "universal checkpoints are not needed: dstrain checkpoints load at any data-parallel "
