@@ -55,6 +55,7 @@ class DeepSpeedEngine(EngineAccessors, torch.nn.Module):
                                             rank=parts.global_rank)
         self._engine_backward_active = False
         self._compiled = False
+        self.deepcompile_runtime: Any = None  # dscompile's, after compile() with compile.deepcompile
         if config.dump_state:
             log_on_rank0(self.global_rank, self._state_text())
         # What trains, not what the config named: a client's optimizer or scheduler wins over the config's.
@@ -72,6 +73,10 @@ class DeepSpeedEngine(EngineAccessors, torch.nn.Module):
     # ------------------------------------------------------------------ the loop
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
         watchdog.record(f"engine forward of micro-step {self.micro_steps + 1} (step {self.global_steps + 1})")
+        if not self._compiled and self._config.compile.deepcompile and "autosp" in self._config.compile.passes:
+            raise DstrainError("compile.passes [\"autosp\"] shards each sequence inside the compiled graph: call "
+                               "engine.compile() before the first forward (uncompiled, every rank would train the "
+                               "whole sequence unsharded)")
         self.reporter.before_forward()
         timer = self.reporter.timer("fwd")
         timer.start()
@@ -211,10 +216,29 @@ class DeepSpeedEngine(EngineAccessors, torch.nn.Module):
         """The ranks splitting each sample's sequence (None without sequence_parallel_size), as DeepSpeed's."""
         return self.seq_parallel_group
 
-    def compile(self, backend: str = "inductor", compile_kwargs: dict | None = None) -> None:
-        """torch.compile the wrapped module in place (DeepSpeed's engine.compile); hooks stay attached."""
-        self.module.compile(backend=backend, **(compile_kwargs or {}))
+    def compile(self, backend: str = "inductor", compile_kwargs: dict | None = None, schedule: Any = None) -> None:
+        """torch.compile the wrapped module in place (DeepSpeed's engine.compile). With compile.deepcompile,
+        ZeRO's collectives go into the graphs (dscompile; schedule: [(step, [pass names])]); without it, a
+        plain torch.compile with the hooks attached. A second call does nothing."""
+        if self._compiled:
+            return
+        if self._config.compile.deepcompile:
+            from ..wiring.dscompile import compile_deepcompile
+
+            self.deepcompile_runtime = compile_deepcompile(self, backend, compile_kwargs, schedule)
+        elif schedule is not None:
+            raise DstrainError("engine.compile(schedule=...) schedules DeepCompile's passes: set "
+                               "\"compile\": {\"deepcompile\": true} in the config")
+        else:
+            self.module.compile(backend=backend, **(compile_kwargs or {}))
         self._compiled = True
+
+    def destroy(self) -> None:
+        if self.deepcompile_runtime is not None:
+            from ..wiring.dscompile import uncompile
+
+            uncompile(self.deepcompile_runtime)
+        super().destroy()
 
     @property
     def is_compiled(self) -> bool:

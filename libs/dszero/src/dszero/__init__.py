@@ -7,6 +7,7 @@ checkpoints that load at any world size.
 
 from ._version import __version__
 from .checkpoint import convert_zero_checkpoint_to_fp32_state_dict, get_fp32_state_dict_from_zero_checkpoint
+from .compiler_controls import CompilerControls
 from .errors import CheckpointError, ZeroConfigError, ZeroError
 from .estimators import (
     estimate_zero2_model_states_mem_needs_all_cold,
@@ -36,6 +37,7 @@ from .zeropp import ZeroPPSettings
 
 __all__ = [
     "CheckpointError",
+    "CompilerControls",
     "DynamicLossScaler",
     "GatheredParameters",
     "GroupLayout",
