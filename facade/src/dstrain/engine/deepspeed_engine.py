@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from dscomm import watchdog
-from dsconfig import DeepSpeedConfig
+from dsconfig import DeepSpeedConfig, Problem
 
 from ..errors import DstrainError, EngineUsageError
 from ..logs import log_on_rank0
@@ -74,9 +74,10 @@ class DeepSpeedEngine(EngineAccessors, torch.nn.Module):
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
         watchdog.record(f"engine forward of micro-step {self.micro_steps + 1} (step {self.global_steps + 1})")
         if not self._compiled and self._config.compile.deepcompile and "autosp" in self._config.compile.passes:
-            raise DstrainError("compile.passes [\"autosp\"] shards each sequence inside the compiled graph: call "
-                               "engine.compile() before the first forward (uncompiled, every rank would train the "
-                               "whole sequence unsharded)")
+            why = Problem("compile.passes", "AutoSP shards each sequence inside the compiled graph: call "
+                                            "engine.compile() before the first forward (uncompiled, every rank would "
+                                            "train the whole sequence unsharded)", ["autosp"])
+            raise DstrainError(f"engine.forward before engine.compile():\n- {why}")
         self.reporter.before_forward()
         timer = self.reporter.timer("fwd")
         timer.start()
