@@ -57,6 +57,10 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: floa
     if dist.is_available() and dist.is_initialized():
         raise RankFailure("torch.distributed is already initialised in this process: forked ranks would inherit "
                           "its process group instead of joining a new one; initialise only inside the ranks")
+    # torch imports dynamo at a process's first optimizer (seconds per process on a busy machine); once here,
+    # every forked rank inherits it instead of importing it again.
+    import torch._dynamo  # noqa: F401
+
     deadline = time.monotonic() + timeout
     failures: list[str] = []
     while True:
