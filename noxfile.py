@@ -30,7 +30,8 @@ LAYERS: dict[str, set[str]] = {
     "dsmoe": {"dsconfig", "dscomm"},
     "dstp": {"dsconfig", "dscomm"},
     "dsdata": {"dsconfig", "dscomm"},
-    "dstrain": {"dsconfig", "dscomm", "dsaio", "dsmonitor", "dszero", "dspipe", "dsmoe", "dstp", "dsdata"},
+    "dsseq": {"dsconfig", "dscomm"},
+    "dstrain": {"dsconfig", "dscomm", "dsaio", "dsmonitor", "dszero", "dspipe", "dsmoe", "dstp", "dsdata", "dsseq"},
 }
 
 # A library tested a second time with another extra: session name -> (library, extra, modules that
@@ -106,7 +107,7 @@ for _name, (_lib, _extra, _absent) in VARIANTS.items():
 
 @nox.session(name="dstrain-spine")
 def dstrain_spine(session: nox.Session) -> None:
-    """The facade with its required libraries only (no extras: no dspipe, dsmoe, dstp, dsdata): it
+    """The facade with its required libraries only (no extras: no dspipe, dsmoe, dstp, dsdata, dsseq): it
     trains, and refuses what needs a missing library by name (facade/tests_spine)."""
     spine = _closure("dstrain", optional=False)
     middle_row = tuple(lib for lib in _closure("dstrain") if lib not in spine)

@@ -26,7 +26,6 @@ INTEGRATIONS = {
 # What they reach for that dstrain does not provide; each only on the path of a feature dstrain lacks, where
 # the error names the API and who asked (the last test).
 NOT_PROVIDED = {
-    "deepspeed.runtime.sequence_parallel.ulysses_sp": "Ulysses sequence parallelism (Accelerate's sp_backend='deepspeed')",
     "deepspeed.ops.adagrad": "DeepSpeed's CPU Adagrad (Accelerate swaps torch's Adagrad for it under optimizer offload)",
     "deepspeed.ops.lion": "DeepSpeed's CPU Lion (bitsandbytes' 32-bit Lion under optimizer offload)",
     "deepspeed.utils:set_z3_leaf_modules": "ZeRO-3 leaf modules (DeepSpeedPlugin.transformer_moe_cls_names, for MoE)",

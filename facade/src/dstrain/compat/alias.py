@@ -64,6 +64,12 @@ MAPPED_PATHS: dict[str, str] = {
     "deepspeed.moe": "dstrain.moe",
     "deepspeed.moe.layer": "dstrain.moe.layer",
     "deepspeed.moe.utils": "dstrain.moe.utils",
+    # Ulysses sequence parallelism (dsseq)
+    "deepspeed.sequence": "dstrain.sequence",
+    "deepspeed.sequence.layer": "dstrain.sequence.layer",
+    "deepspeed.runtime.sequence_parallel": "dstrain.runtime.sequence_parallel",
+    "deepspeed.runtime.sequence_parallel.ulysses_sp": "dstrain.runtime.sequence_parallel.ulysses_sp",
+    "deepspeed.runtime.sequence_parallel.parallel_state_sp": "dstrain.runtime.sequence_parallel.parallel_state_sp",
 }
 
 # dstrain.<name> (and everything under it) -> its module in this package, or elsewhere in dstrain.
@@ -77,10 +83,13 @@ PUBLIC_PATHS: dict[str, str] = {
     "dstrain.utils": f"{_C}.utils",
     "dstrain.lr_schedules": "dstrain.engine.lr_schedules",
     "dstrain.dataloader": "dstrain.engine.dataloader",
+    "dstrain.sequence": f"{_C}.sequence",
 }
 
 # Target modules that need a library the facade does not always have: the module's first name -> pip line.
-_PROVIDERS = {"dstrain.pipe": "dspipe", "dstrain.moe": "dsmoe", f"{_C}.pipe": "dspipe", f"{_C}.moe": "dsmoe"}
+_PROVIDERS = {"dstrain.pipe": "dspipe", "dstrain.moe": "dsmoe", f"{_C}.pipe": "dspipe", f"{_C}.moe": "dsmoe",
+              "dstrain.sequence": "dsseq", f"{_C}.sequence": "dsseq", "dstrain.runtime.sequence_parallel": "dsseq",
+              f"{_C}.runtime.sequence_parallel": "dsseq"}
 
 
 def libraries_behind(target: str) -> list[str]:

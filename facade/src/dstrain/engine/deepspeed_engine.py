@@ -35,7 +35,10 @@ class DeepSpeedEngine(EngineAccessors, torch.nn.Module):
                                      training_data=training_data, lr_scheduler=lr_scheduler, collate_fn=collate_fn,
                                      data_parallel_group=data_parallel_group, groups=groups, step_hooks=step_hooks)
         self.adopt_parts(parts, config, model)
-        self.data_parallel_group = data_parallel_group
+        # DeepSpeed's names: data_parallel_group holds the replicas, seq_data_parallel_group ZeRO's ranks.
+        self.seq_data_parallel_group = data_parallel_group
+        self.data_parallel_group = groups.data if parts.sequence_parallel_size > 1 else data_parallel_group
+        self.seq_parallel_group = groups.sequence if parts.sequence_parallel_size > 1 else None
         self._hybrid = None  # the Hybrid Engine's generation (hybrid_engine.enabled): engine/hybrid/
         if config.hybrid_engine.enabled:
             from .hybrid import HybridGeneration
@@ -165,6 +168,10 @@ class DeepSpeedEngine(EngineAccessors, torch.nn.Module):
     # ------------------------------------------------------------------ accessors (the rest: accessors.py)
     def get_type(self) -> type:
         return type(self.module)
+
+    def get_sequence_parallel_group(self) -> Any:
+        """The ranks splitting each sample's sequence (None without sequence_parallel_size), as DeepSpeed's."""
+        return self.seq_parallel_group
 
     def compile(self, backend: str = "inductor", compile_kwargs: dict | None = None) -> None:
         """torch.compile the wrapped module in place (DeepSpeed's engine.compile); hooks stay attached."""
