@@ -1,9 +1,10 @@
 """The README's feature examples that have no test of their own, briefly, through the launcher at 2 processes.
 
-The 2-stage pipeline (train_gpt_pipeline.py), AutoTP (train_llama_autotp.py) and Ulysses sequence parallelism
-(train_llama_ulysses.py) run side by side in one test (each launch spends most of its time importing; together
-they overlap): each rank builds and trains its own stage, tensor shard or slice of the sequence, and the
-checkpoints are laid out per stage, per tensor rank and per ZeRO rank of sequence x data.
+The 2-stage pipeline (train_gpt_pipeline.py), AutoTP (train_llama_autotp.py), Ulysses sequence parallelism
+(train_llama_ulysses.py) and the GPT at ZeRO-3 with NVMe offload (train_gpt.py, zero3_nvme_offload.json) run
+side by side in one test (each launch spends most of its time importing; together they overlap): each rank
+builds and trains its own stage, tensor shard or slice of the sequence, or swaps its partition to NVMe files, and
+the checkpoints are laid out per stage, per tensor rank and per ZeRO rank.
 """
 
 import csv
@@ -40,10 +41,11 @@ def finish(launch: subprocess.Popen) -> tuple[str, str]:
     return out, err
 
 
-def test_pipeline_autotp_and_ulysses_examples_train_and_save_per_stage_tensor_and_sequence_rank(tmp_path):
+def test_pipeline_autotp_ulysses_and_nvme_offload_examples_train_and_save_per_rank(tmp_path):
     pipeline = start(tmp_path / "pipe", "train_gpt_pipeline.py", "pipeline_2stage.json", "--d-model", "32")
     autotp = start(tmp_path / "autotp", "train_llama_autotp.py", "autotp2.json", "--hidden", "32")
     ulysses = start(tmp_path / "ulysses", "train_llama_ulysses.py", "ulysses_sp2.json", "--hidden", "32")
+    nvme = start(tmp_path / "nvme", "train_gpt.py", "zero3_nvme_offload.json", "--d-model", "32")
 
     out, err = finish(pipeline)
     assert "pipeline stage 0 of 2, layers 0..1 of 4" in out  # by parameters: embeddings + one block
@@ -85,3 +87,15 @@ def test_pipeline_autotp_and_ulysses_examples_train_and_save_per_stage_tensor_an
     logged = runs / "logs" / "ulysses_sp2" / "Train_Samples_train_loss.csv"
     losses = [float(row[-1]) for row in list(csv.reader(logged.open()))[1:]]
     assert len(losses) == 4 and abs(losses[0] - math.log(256)) < 0.5  # the whole window's mean, from the start
+
+    out, err = finish(nvme)
+    sys.path.insert(0, str(EXAMPLES))
+    from gpt_model import GPT
+
+    whole = sum(p.numel() for p in GPT(seq=32, d_model=32, layers=2, heads=4).parameters())
+    assert f"model: {whole / 1e6:.2f}M parameters" in out  # counted before ZeRO-3 partitions them
+    assert "trained steps 0..4" in out and "validation loss" in out
+    assert "ZeRO stage 3, optimizer offload to nvme, parameter offload to nvme" in err
+    assert (tmp_path / "nvme" / "runs" / "train_gpt" / "nvme").is_dir()  # the config's nvme_path, under the run
+    step = tmp_path / "nvme" / "runs" / "train_gpt" / "checkpoints" / "zero3_nvme_offload" / "global_step4"
+    assert (step / "zero").is_dir()
