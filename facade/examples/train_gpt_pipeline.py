@@ -94,9 +94,9 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
+    deepspeed.init_distributed()  # before the PipelineModule: it reads the world to place its stages
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))  # ranks share this machine's cores
-    deepspeed.init_distributed()  # before the PipelineModule: it reads the world to place its stages
     rank = deepspeed.comm.get_rank()
     torch.manual_seed(args.seed)
 
