@@ -17,6 +17,9 @@ import nox
 
 ROOT = Path(__file__).parent
 CONSTRAINTS = str(ROOT / "constraints.txt")  # pins torch==2.13.0 for every install
+# Byte-compiling torch and transformers at install is most of each session's install time; Python compiles
+# what a test imports anyway, and only that.
+FAST_INSTALL = ("--no-compile",)
 
 # The layering of DESIGN.md as data, lowest first. A library may depend only on those it lists
 # here; a new library is one line.
@@ -31,7 +34,9 @@ LAYERS: dict[str, set[str]] = {
     "dstp": {"dsconfig", "dscomm"},
     "dsdata": {"dsconfig", "dscomm"},
     "dsseq": {"dsconfig", "dscomm"},
-    "dstrain": {"dsconfig", "dscomm", "dsaio", "dsmonitor", "dszero", "dspipe", "dsmoe", "dstp", "dsdata", "dsseq"},
+    "dscompile": {"dsconfig", "dscomm", "dszero", "dstp"},  # above the middle row (DESIGN.md)
+    "dstrain": {"dsconfig", "dscomm", "dsaio", "dsmonitor", "dszero", "dspipe", "dsmoe", "dstp", "dsdata", "dsseq",
+                "dscompile"},
 }
 
 # A library tested a second time with another extra: session name -> (library, extra, modules that
@@ -80,7 +85,7 @@ def _closure(lib: str, optional: bool = True) -> list[str]:
 def _run_library_tests(session: nox.Session, lib: str, extra: str = "test", absent: tuple[str, ...] = ()) -> None:
     local = [str(_project_dir(dep)) for dep in _closure(lib)]
     # One pip call so sibling requirements resolve to the local checkouts, never to PyPI.
-    session.install("-c", CONSTRAINTS, *local, f"{_project_dir(lib)}[{extra}]")
+    session.install(*FAST_INSTALL, "-c", CONSTRAINTS, *local, f"{_project_dir(lib)}[{extra}]")
     _check_absent(session, absent)
     session.run("pytest", str(_project_dir(lib) / "tests"), *session.posargs)
 
@@ -107,11 +112,11 @@ for _name, (_lib, _extra, _absent) in VARIANTS.items():
 
 @nox.session(name="dstrain-spine")
 def dstrain_spine(session: nox.Session) -> None:
-    """The facade with its required libraries only (no extras: no dspipe, dsmoe, dstp, dsdata, dsseq): it
+    """The facade with its required libraries only (no extras: no dspipe, dsmoe, dstp, dsdata, dsseq, dscompile): it
     trains, and refuses what needs a missing library by name (facade/tests_spine)."""
     spine = _closure("dstrain", optional=False)
     middle_row = tuple(lib for lib in _closure("dstrain") if lib not in spine)
-    session.install("-c", CONSTRAINTS, *[str(_project_dir(dep)) for dep in spine], str(_project_dir("dstrain")),
+    session.install(*FAST_INSTALL, "-c", CONSTRAINTS, *[str(_project_dir(dep)) for dep in spine], str(_project_dir("dstrain")),
                     "pytest>=8")
     _check_absent(session, middle_row)
     session.log(f"installed {', '.join(spine)} and dstrain; absent: {', '.join(middle_row)}")
@@ -124,7 +129,7 @@ def gpu_check_dry_run(session: nox.Session) -> None:
     pip install --no-deps -e into this session's torch, native cores built, the gpu-marked tests rehearsed on
     the CPU, the benchmarks smoke-run). Only what a GPU machine's image already holds is installed here; torch
     unpacks without byte-compiling, which is most of its install time."""
-    session.install("--no-compile", "-c", CONSTRAINTS, "torch", "numpy", "attrs", "cattrs", "pytest>=8",
+    session.install(*FAST_INSTALL, "-c", CONSTRAINTS, "torch", "numpy", "attrs", "cattrs", "pytest>=8",
                     "setuptools>=77", "pybind11>=2.12")
     out = Path(session.create_tmp()) / "gpu-check"
     session.run(str(ROOT / "tools" / "gpu_check" / "run.sh"), "--dry-run", "--jobs", "2", str(out), *session.posargs,
@@ -136,7 +141,7 @@ def deepspeed_compat(session: nox.Session) -> None:
     """dstrain-deepspeed-compat over the facade and every library: `import deepspeed`, its metadata and commands,
     and Hugging Face Transformers / Accelerate / DeepSpeed-Chat runs on dstrain (deepspeed-compat/tests)."""
     local = [str(_project_dir(dep)) for dep in _closure("dstrain")]
-    session.install("-c", CONSTRAINTS, *local, str(_project_dir("dstrain")), f"{COMPAT}[test]")
+    session.install(*FAST_INSTALL, "-c", CONSTRAINTS, *local, str(_project_dir("dstrain")), f"{COMPAT}[test]")
     session.run("pytest", str(COMPAT / "tests"), *session.posargs)
 
 

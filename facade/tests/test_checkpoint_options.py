@@ -60,13 +60,13 @@ def different_tags(rank, world, directory, mode):
             warnings.simplefilter("always")
             engine.save_checkpoint(directory, tag=f"rank{rank}")
     except dstrain.DstrainError as exc:
-        return "error", str(exc)
+        return "error" + (" assert" if isinstance(exc, AssertionError) else ""), str(exc)
     return "warned", " ".join(str(w.message) for w in caught)
 
 
 def test_tag_validation_fail_and_warn(tmp_path):
     for outcome, message in run_ranks(different_tags, 2, str(tmp_path / "f"), "Fail"):
-        assert outcome == "error" and "tag" in message
+        assert outcome == "error assert" and "tag" in message  # an AssertionError too, as DeepSpeed raises
     for outcome, message in run_ranks(different_tags, 2, str(tmp_path / "w"), "Warn"):
         assert outcome == "warned" and "differs" in message
 
@@ -86,15 +86,23 @@ def load_errors(rank, world, directory):
             engine.load_checkpoint(directory, tag=tag)
         except dstrain.CheckpointLoadError as exc:
             errors.append(str(exc))
+    for save_dir in ("", None):  # DeepSpeed's ValueError; "" is not the working directory
+        try:
+            engine.save_checkpoint(save_dir)
+        except ValueError as exc:
+            errors.append(str(exc))
     return nothing, messages, errors, (Path(directory) / "latest").read_text()
 
 
-def test_missing_checkpoints_warn_or_fail_clearly(tmp_path):
-    nothing, messages, errors, latest = run_ranks(load_errors, 1, str(tmp_path))[0]
+def test_missing_checkpoints_and_no_directory_fail_clearly(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    nothing, messages, errors, latest = run_ranks(load_errors, 1, str(tmp_path / "checkpoints"))[0]
     assert nothing == (None, None) and any("latest" in m for m in messages)
     assert "does not exist" in errors[0] and "good" in errors[0]
     assert "did not finish" in errors[1]
-    assert latest == "good"
+    assert errors[2:] == [f"save_checkpoint(save_dir={d!r}): save_dir must name the checkpoint's directory"
+                          for d in ("", None)]
+    assert latest == "good" and sorted(p.name for p in tmp_path.iterdir()) == ["checkpoints"]
 
 
 def killed_mid_save(rank, world, directory):

@@ -159,3 +159,44 @@ def engine_built_under_init(rank, world, use_init):
 
 def test_zero_init_then_initialize_trains_as_without_init():
     assert run_ranks(engine_built_under_init, 2, True) == run_ranks(engine_built_under_init, 2, False)
+
+
+def _no_sync(rank, world):
+    from engine_models import ADAMW
+
+    batches = [torch.randint(0, 48, (2, 13), generator=torch.Generator().manual_seed(10 * rank + i)) for i in (1, 2)]
+    refused = []
+    inside, *_ = dstrain.initialize(model=make_model(), config=config(micro=2, stage=1, optimizer=ADAMW))
+    with inside.no_sync():
+        for tokens in batches:  # two backward passes, reduced only at the step after the block
+            inside.backward(inside(tokens))
+        try:
+            inside.step()
+        except AssertionError as exc:
+            refused.append(str(exc))
+        try:
+            with inside.no_sync():
+                pass
+        except AssertionError as exc:
+            refused.append(str(exc))
+    inside.step()
+    summed, *_ = dstrain.initialize(model=make_model(), config=config(micro=2, stage=1, optimizer=ADAMW))
+    summed.backward(sum(summed(tokens) for tokens in batches))  # the same gradients in one pass
+    summed.step()
+    stage2, *_ = dstrain.initialize(model=make_model(), config=config(micro=2, stage=2, optimizer=ADAMW))
+    try:
+        with stage2.no_sync():
+            pass
+    except AssertionError as exc:
+        refused.append(str(exc))
+    same = all(torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+               for a, b in zip(inside.module.parameters(), summed.module.parameters()))
+    return same, refused
+
+
+def test_no_sync_accumulates_locally_until_the_step_after_it_and_refuses_what_deepspeed_does():
+    for same, refused in run_ranks(_no_sync, 2, timeout=120):
+        assert same
+        assert "illegal to call Engine.step() inside no_sync" in refused[0]
+        assert "no_sync context manager reentry is unsupported" in refused[1]
+        assert "incompatible with gradient partitioning logic of ZeRO stage 2" in refused[2]

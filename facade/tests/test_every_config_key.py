@@ -75,6 +75,8 @@ LTD = f"{DSDATA}/test_random_ltd.py::test_reserved_length_never_below_min_value_
 LEGACY = f"{FACADE}/test_curriculum_legacy.py::test_forward_gets_the_schedule_through_accumulation_and_resume"
 AUTOTUNE_SPACE = f"{FACADE}/test_autotuning_space.py"
 AUTOTUNE_SEARCH = f"{FACADE}/test_autotuning_search.py"
+DSCOMPILE = "libs/dscompile/tests/test_compiled_zero.py"
+DSCOMPILE_PACKAGE = "libs/dscompile/tests/test_package.py"
 AUTOTUNE_E2E = f"{FACADE}/test_autotuning_e2e.py::test_crashing_out_of_memory_and_hanging_experiments_are_recorded_and_skipped"
 METRIC = "data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.<name>"
 TP_SPEC = "tensor_parallel.partition_config.layer_specs[]"
@@ -325,11 +327,24 @@ KEYS: dict[str, tuple] = {
     "checkpoint.load_universal": refused({"checkpoint": {"load_universal": True}}),
     "checkpoint.use_node_local_storage": obs(f"{FACADE}/test_checkpoint_options.py::test_node_local_storage_needs_no_shared_file_system"),
     "checkpoint.parallel_write.pipeline_stage": warned({"checkpoint": {"parallel_write": {"pipeline_stage": True}}}),
-    # ---- compiler options: DeepCompile is never provided
-    "compile.deepcompile": refused({"compile": {"deepcompile": True}}),
-    "compile.passes": warned({"compile": {"passes": ["autosp"]}}),
-    "compile.offload_activation": warned({"compile": {"offload_activation": True}}),
+    # ---- compiler options: DeepCompile (dscompile); each setting is inert without compile.deepcompile
+    "compile.deepcompile": obs(f"{FACADE}/test_deepcompile_engine.py::test_compiled_zero3_engine_trains_as_the_eager_one"),
+    "compile.passes": obs(f"{FACADE}/test_compile_passes.py::test_autosp_sp2_by_dp2_trains_as_one_rank_and_autotp_as_eager_autotp_and_refuse_by_key"),
+    "compile.free_activation": obs(f"{DSCOMPILE}::test_each_pass_on_and_off_trains_as_eager_zero3"),
+    "compile.free_activation_threshold": obs(f"{DSCOMPILE}::test_each_pass_on_and_off_trains_as_eager_zero3"),
+    "compile.offload_activation": obs(f"{DSCOMPILE}::test_each_pass_on_and_off_trains_as_eager_zero3"),
+    # pins host buffers only where there is a device to copy from (CUDA): no CPU run can see it
     "compile.offload_activation_pin_memory": warned({"compile": {"offload_activation_pin_memory": False}}),
+    "compile.offload_opt_states": obs(f"{DSCOMPILE}::test_each_pass_on_and_off_trains_as_eager_zero3"),
+    "compile.offload_parameters": obs(f"{DSCOMPILE}::test_each_pass_on_and_off_trains_as_eager_zero3"),
+    "compile.double_buffer": obs(f"{DSCOMPILE}::test_each_pass_on_and_off_trains_as_eager_zero3"),
+    "compile.sync_before_reduce": obs(f"{DSCOMPILE}::test_each_pass_on_and_off_trains_as_eager_zero3"),
+    "compile.sync_after_reduce": obs(f"{DSCOMPILE}::test_each_pass_on_and_off_trains_as_eager_zero3"),
+    "compile.sync_before_allgather": obs(f"{DSCOMPILE}::test_each_pass_on_and_off_trains_as_eager_zero3"),
+    "compile.sync_after_allgather": obs(f"{DSCOMPILE}::test_each_pass_on_and_off_trains_as_eager_zero3"),
+    "compile.debug_log": obs(f"{DSCOMPILE}::test_inductor_compiles_the_inserted_ops_and_matches_eager"),
+    "compile.keep_int_input_tensors": obs(f"{DSCOMPILE_PACKAGE}::test_the_profiling_run_keeps_the_input_values_the_keys_ask_for"),
+    "compile.keep_all_input_tensors": obs(f"{DSCOMPILE_PACKAGE}::test_the_profiling_run_keeps_the_input_values_the_keys_ask_for"),
 }
 
 # Values that turn on a key dsconfig knows by name only (keys.KNOWN_KEYS), where True would not.

@@ -63,7 +63,8 @@ def test_every_gated_feature_is_off_by_default_and_on_by_its_key():
           "expert_parallel": {"enabled": True, "autoep_size": 1}, "data_efficiency": {"enabled": True},
           "curriculum_learning": {"enabled": True, "min_difficulty": 8, "max_difficulty": 64,
                                   "schedule_type": "fixed_discrete",
-                                  "schedule_config": {"difficulty": [8, 64], "max_step": [10]}}}
+                                  "schedule_config": {"difficulty": [8, 64], "max_step": [10]}},
+          "compile": {"deepcompile": True}}
     for feature in GATED_FEATURES:
         section = feature.key.split(".")[0]
         assert feature.is_on(dsconfig.load({"train_batch_size": 4, section: on[section]}, world_size=1)), feature

@@ -1,6 +1,7 @@
 """initialize(): where the config comes from, how the batch triple is completed, and what is refused."""
 
 import argparse
+import copy
 import json
 
 import pytest
@@ -98,12 +99,29 @@ def _engine_surface(rank, world):
     engine.eval()
     assert not model.training
     engine.train()
-    return (engine.zero_optimization_stage(), engine.get_lr(), engine.get_mom(), engine.module is model,
-            engine.embed is model.embed, engine.is_gradient_accumulation_boundary())
+    surface = (engine.zero_optimization_stage(), engine.get_lr(), engine.get_mom(), engine.module is model,
+               engine.embed is model.embed, engine.is_gradient_accumulation_boundary(),
+               engine.sparse_tensor_module_names)
+    # backward returns the loss as its gradients count (DeepSpeed's): divided by the accumulation steps.
+    accumulating, *_ = dstrain.initialize(model=make_model(), config=config(gas=4, optimizer=ADAMW))
+    tokens = torch.randint(0, 48, (4, 13), generator=torch.Generator().manual_seed(0))
+    loss = accumulating(tokens)
+    returned = [accumulating.backward(loss, retain_graph=True).item(),
+                accumulating.backward(loss, scale_wrt_gas=False).item()]
+    # torch.func.grad through the engine differentiates the module as it is: no accumulation scaling.
+    bare = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh(), torch.nn.Linear(3, 1))
+    functional, *_ = dstrain.initialize(model=copy.deepcopy(bare), config=config(gas=4, optimizer=ADAMW))
+    x = torch.randn(4, generator=torch.Generator().manual_seed(1))
+    same_grad = torch.allclose(torch.func.grad(lambda v: functional(v).sum())(x),
+                               torch.func.grad(lambda v: bare(v).sum())(x), atol=1e-6)
+    return surface, returned, loss.item(), same_grad
 
 
-def test_engine_accessors():
-    assert run_ranks(_engine_surface, 1)[0] == (0, [0.01], [(0.9, 0.999)], True, True, True)
+def test_engine_accessors_and_what_backward_returns():
+    surface, returned, loss, same_grad = run_ranks(_engine_surface, 1)[0]
+    assert same_grad
+    assert surface == (0, [0.01], [(0.9, 0.999)], True, True, True, set())
+    assert returned == pytest.approx([loss / 4, loss], rel=1e-6)
 
 
 def _compiled_step(rank, world):

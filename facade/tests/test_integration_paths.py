@@ -3,6 +3,7 @@
 consolidated 16-bit state dict, a stage-3 engine without an optimizer, Accelerate's config dict, and the
 DeepSpeed module paths they import."""
 
+import json
 import subprocess
 import sys
 
@@ -112,3 +113,142 @@ def test_the_deepspeed_paths_integrations_import_resolve_and_a_missing_one_says_
     run = subprocess.run([sys.executable, "-c", SNIPPET], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert "deepspeed.runtime.sequence_parallel: dstrain" in run.stdout and "does not provide it" in run.stdout
+
+
+OPS_SNIPPET = """
+import dstrain.as_deepspeed
+import deepspeed, torch, sys
+from deepspeed.ops.op_builder import AsyncIOBuilder, CPUAdamBuilder, InferenceBuilder
+from deepspeed.ops.adagrad import DeepSpeedCPUAdagrad
+from deepspeed.ops.lion import DeepSpeedCPULion
+from deepspeed.utils import set_z3_leaf_modules
+from deepspeed.utils.torch import required_torch_version
+from deepspeed.runtime.pipe import LayerSpec, PipelineModule, ProcessTopology, TiedLayerSpec
+from deepspeed.moe.sharded_moe import top1gating
+assert deepspeed.ops.__compatible_ops__[AsyncIOBuilder.NAME] and deepspeed.ops.__compatible_ops__[CPUAdamBuilder.NAME]
+assert not InferenceBuilder().is_compatible()
+try:
+    InferenceBuilder().load()
+except ImportError as exc:
+    print(exc)
+handle = AsyncIOBuilder().load().aio_handle()
+data = torch.arange(4096, dtype=torch.float32)
+handle.async_pwrite(data, sys.argv[1])
+assert handle.wait() == 1
+back = torch.empty_like(data)
+handle.sync_pread(back, sys.argv[1])
+assert torch.equal(back, data)
+assert required_torch_version(min_version=2.1) and not required_torch_version(max_version="1.13")
+from deepspeed import get_accelerator
+accelerator = get_accelerator()
+assert accelerator.ByteTensor([1, 2]).dtype == torch.uint8 and accelerator.BFloat16Tensor([1.0]).dtype == torch.bfloat16
+plain = torch.ones(3)
+assert accelerator.unpin_memory(plain) is None and not accelerator.is_pinned(plain)
+from deepspeed.runtime.data_pipeline.curriculum_scheduler import CurriculumScheduler
+from deepspeed.runtime.data_pipeline.data_routing.helper import convert_to_random_ltd
+from deepspeed.runtime.data_pipeline.data_sampling.data_analyzer import DataAnalyzer
+curriculum = CurriculumScheduler({"curriculum_type": "seqlen", "min_difficulty": 8, "max_difficulty": 64,
+                                  "schedule_type": "fixed_linear",
+                                  "schedule_config": {"total_curriculum_step": 10, "difficulty_step": 8}})
+assert [curriculum.update_difficulty(step) for step in (1, 5, 10, 20)] == [8, 32, 64, 64]
+from deepspeed.git_version_info import installed_ops, torch_info, version
+assert version == deepspeed.__version__ and installed_ops["cpu_adam"] and not installed_ops["transformer_inference"]
+assert torch_info["version"] == ".".join(torch.__version__.split(".")[:2])
+assert torch_info["cuda_version"] == ".".join((torch.version.cuda or "0.0").split(".")[:2])
+print("ok")
+"""
+
+
+def test_deepspeeds_op_builders_load_dstrains_ops_and_name_what_is_not_there(tmp_path):
+    run = subprocess.run([sys.executable, "-c", OPS_SNIPPET, str(tmp_path / "t.bin")], capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert "InferenceBuilder (transformer_inference) cannot be loaded: dstrain does not implement DeepSpeed's " \
+           "inference kernels" in run.stdout
+    assert run.stdout.rstrip().endswith("ok")
+
+
+def _optimizer_kinds(rank, world):
+    from deepspeed.runtime.bf16_optimizer import BF16_Optimizer
+    from deepspeed.runtime.fp16.fused_optimizer import FP16_Optimizer
+    from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
+    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+
+    import dstrain.as_deepspeed
+
+    kinds = (DeepSpeedZeroOptimizer, DeepSpeedZeroOptimizer_Stage3, FP16_Optimizer, BF16_Optimizer)
+    found = {}
+    for name, extra in (("stage 2", {"zero_optimization": {"stage": 2}}), ("stage 3", {}),
+                        ("stage 0 bf16", {"bf16": {"enabled": True}})):
+        stage = 3 if name == "stage 3" else (2 if name == "stage 2" else 0)
+        cfg = config(stage=stage, optimizer=ADAMW, **extra)
+        engine, *_ = dstrain.initialize(model=make_model(), config=cfg)
+        masters = {"stage 2": "single_partition_of_fp32_groups", "stage 3": "fp32_partitioned_groups_flat",
+                   "stage 0 bf16": "fp32_groups_flat"}[name]
+        partitions = getattr(engine.optimizer, masters)
+        found[name] = ([k.__name__ for k in kinds if isinstance(engine.optimizer, k)],
+                       sum(p.numel() for p in partitions), {p.dtype for p in partitions})
+    try:
+        DeepSpeedZeroOptimizer()
+    except TypeError as exc:
+        found["build"] = str(exc)
+    return found, sum(p.numel() for p in make_model().parameters())
+
+
+def test_deepspeeds_optimizer_classes_answer_isinstance_for_the_engines_optimizer_at_each_stage():
+    found, numel = run_ranks(_optimizer_kinds, 1, timeout=120)[0]
+    assert found["stage 2"][0] == ["DeepSpeedZeroOptimizer"]
+    assert found["stage 3"][0] == ["DeepSpeedZeroOptimizer_Stage3"]
+    assert found["stage 0 bf16"][0] == ["BF16_Optimizer"]
+    for name in ("stage 2", "stage 3", "stage 0 bf16"):  # one rank: the whole model's fp32 masters
+        assert found[name][1] >= numel and found[name][2] == {torch.float32}, (name, found[name])
+    assert "not a class to build" in found["build"]
+
+
+class _Tied(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.first = torch.nn.Linear(6, 6)
+        self.second = torch.nn.Linear(6, 6)
+        self.second.weight = self.first.weight  # tied: one parameter, two names
+
+    def forward(self, x):
+        return self.second(self.first(x)).square().mean()
+
+
+def _zero_to_fp32_as_deepspeed(rank, world, root):
+    from deepspeed.utils.zero_to_fp32 import (
+        convert_zero_checkpoint_to_fp32_state_dict,
+        get_fp32_state_dict_from_zero_checkpoint,
+    )
+
+    import dstrain.as_deepspeed
+
+    cfg = {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 2}, "optimizer": ADAMW}
+    engine, *_ = dstrain.initialize(model=_Tied(), config=cfg)
+    engine.backward(engine(torch.randn(2, 6)))
+    engine.step()
+    engine.save_checkpoint(root, tag="t")
+    if rank != 0:
+        return None
+    with dstrain.zero.GatheredParameters(list(engine.module.parameters())):
+        trained = {k: v.detach().float().clone() for k, v in engine.module.state_dict().items()}
+    state = get_fp32_state_dict_from_zero_checkpoint(root)  # the tag from `latest`
+    fresh = _Tied()
+    fresh.load_state_dict(state, strict=True)  # both names of the tied weight are there
+    whole = convert_zero_checkpoint_to_fp32_state_dict(root, f"{root}/out")
+    sharded = convert_zero_checkpoint_to_fp32_state_dict(root, f"{root}/sharded", max_shard_size=200,
+                                                         safe_serialization=True, tag="t")
+    index = json.loads(sharded.read_text())
+    from_bin = torch.load(whole, weights_only=True)
+    return (sorted(state) == sorted(trained) and all(torch.equal(state[k], trained[k]) for k in trained),
+            whole.name, all(torch.equal(from_bin[k], trained[k]) for k in trained), sharded.name,
+            len(set(index["weight_map"].values())), sorted(index["weight_map"]) == sorted(trained))
+
+
+def test_zero_to_fp32_reads_what_save_checkpoint_wrote_and_writes_deepspeeds_files(tmp_path):
+    same, whole, same_bin, index, files, all_names = run_ranks(_zero_to_fp32_as_deepspeed, 2, str(tmp_path),
+                                                               timeout=180)[0]
+    assert same and whole == "pytorch_model.bin" and same_bin
+    assert index == "model.safetensors.index.json" and files > 1 and all_names

@@ -186,3 +186,13 @@ def test_wrapped_optimizer_and_tensor_lr():
     assert float(opt.param_groups[0]["lr"]) == pytest.approx(0.025)
     with pytest.raises(TypeError, match="is not a torch"):
         WarmupLR(object())
+
+
+@pytest.mark.parametrize("shape", [(), (1,)])
+def test_a_tensor_lr_of_any_one_element_shape_stays_the_same_tensor(shape):
+    lr = torch.full(shape, 0.1, dtype=torch.float64)
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=lr)
+    sched = WarmupLR(opt)  # warmup_max_lr left out: each group's own lr, the tensor's value
+    sched.step(1)
+    assert opt.param_groups[0]["lr"] is lr and lr.shape == shape and lr.dtype == torch.float64
+    assert lr.item() == pytest.approx(0.1 * math.log(2) / math.log(1000))

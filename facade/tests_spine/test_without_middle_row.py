@@ -1,4 +1,4 @@
-"""The facade installed without the middle-row libraries (dspipe, dsmoe, dstp, dsdata, dsseq: its extras) trains,
+"""The facade installed without its optional libraries (dspipe, dsmoe, dstp, dsdata, dsseq, dscompile: its extras) trains,
 and refuses what needs them by name. `nox -s dstrain-spine` runs this file in such an environment; in
 one that has them (the dev venv) it skips."""
 
@@ -13,7 +13,8 @@ from torch import nn
 import dstrain
 from dscomm.testing import run_ranks
 
-MIDDLE_ROW = {"dspipe": "pipe", "dsmoe": "moe", "dstp": "tp", "dsdata": "data", "dsseq": "seq"}  # library -> extra
+MIDDLE_ROW = {"dspipe": "pipe", "dsmoe": "moe", "dstp": "tp", "dsdata": "data", "dsseq": "seq",
+              "dscompile": "compile"}  # library -> dstrain's extra
 PRESENT = [lib for lib in MIDDLE_ROW if importlib.util.find_spec(lib) is not None]
 if PRESENT and not os.environ.get("DSTRAIN_SPINE"):  # the nox session sets it: there, presence is a failure
     pytest.skip(f"{', '.join(PRESENT)} installed here; `nox -s dstrain-spine` runs this without them",
@@ -24,7 +25,8 @@ FEATURE_KEYS = [({"pipeline": {"stages": 2}}, "pipeline.stages", "dspipe"),
                 ({"tensor_parallel": {"autotp_size": 2}}, "tensor_parallel.autotp_size", "dstp"),
                 ({"expert_parallel": {"enabled": True, "autoep_size": 1}}, "expert_parallel.enabled", "dsmoe"),
                 ({"data_efficiency": {"enabled": True}}, "data_efficiency.enabled", "dsdata"),
-                ({"sequence_parallel_size": 2}, "sequence_parallel_size", "dsseq")]
+                ({"sequence_parallel_size": 2}, "sequence_parallel_size", "dsseq"),
+                ({"compile": {"deepcompile": True}}, "compile.deepcompile", "dscompile")]
 
 
 def _model() -> nn.Module:

@@ -51,6 +51,7 @@ _LAZY = {  # public name -> (module, attribute); attribute None means the module
     "ops": ("ops", None),
     "lr_schedules": ("engine.lr_schedules", None),
     "accelerator": ("accelerator", None),
+    "get_accelerator": ("accelerator", "get_accelerator"),
     "utils": ("compat.utils", None),
     "runtime": ("compat.runtime", None),
     "DeepSpeedConfig": ("compat.runtime.config", "DeepSpeedConfig"),

@@ -15,4 +15,14 @@ class CheckpointLoadError(DstrainError):
     """A checkpoint that is missing, incomplete, or does not match the engine."""
 
 
-__all__ = ["CheckpointLoadError", "ConfigError", "DstrainError", "UnsupportedFeatureError"]
+class EngineUsageError(DstrainError, AssertionError):
+    """An engine method called where DeepSpeed's asserts it cannot be (engine.step() inside no_sync(), ...). An
+    AssertionError too, the type DeepSpeed raises there."""
+
+
+class CheckpointTagError(DstrainError, AssertionError):
+    """Ranks saving under different tags with checkpoint.tag_validation "Fail". An AssertionError too: DeepSpeed
+    raises that type here, and scripts catch it."""
+
+
+__all__ = ["CheckpointLoadError", "CheckpointTagError", "ConfigError", "DstrainError", "EngineUsageError", "UnsupportedFeatureError"]

@@ -29,7 +29,13 @@ def test_cpu_locked_torch_tensor():
     t = h.new_cpu_locked_tensor(1000, torch.empty(0, dtype=torch.bfloat16))
     assert t.dtype == torch.bfloat16 and t.numel() == 1000 and t.data_ptr() % 4096 == 0
     t.fill_(1.5)
+    from dsaio.locked import is_locked
+
+    locked = is_locked(t)  # False only where RLIMIT_MEMLOCK refused the mlock (a warning said so)
+    assert h.is_pinned(t) is locked and h.is_pinned(t.narrow(0, 500, 10)) is locked  # views of it too
+    assert not h.is_pinned(torch.empty(1000, dtype=torch.bfloat16))
     assert h.free_cpu_locked_tensor(t)
+    assert not h.is_pinned(t)  # unlocked once freed
 
 
 def test_gds_handle_names_what_is_missing():

@@ -58,6 +58,8 @@ def test_torchrun_launch_path():
     ({"RANK": "x", "WORLD_SIZE": "2"}, "dscomm.init_distributed()", "RANK='x' is not an integer"),
     ({}, "dscomm.init_distributed(rank=3, world_size=2)", "rank 3 is outside 0..1"),
     ({}, "dscomm.init_distributed(timeout=30)", "timeout must be a datetime.timedelta"),
+    ({}, "dscomm.init_distributed(dist_init_required=False)", "dist_init_required=False): torch.distributed is not "
+                                                             "initialized"),
 ])
 def test_bad_launch_settings_are_named(env, call, message):
     out = python(f"import dscomm\ntry:\n    {call}\nexcept dscomm.CommError as exc:\n    print(exc)",

@@ -174,6 +174,18 @@ REFERENCE_DEFAULTS = [
     ("compile.passes", []),
     ("compile.offload_activation", False),
     ("compile.offload_activation_pin_memory", True),
+    ("compile.free_activation", False),
+    ("compile.free_activation_threshold", 10 * 1024 * 1024),
+    ("compile.offload_opt_states", False),
+    ("compile.offload_parameters", False),
+    ("compile.double_buffer", True),
+    ("compile.debug_log", False),
+    ("compile.sync_before_reduce", False),
+    ("compile.sync_after_reduce", False),
+    ("compile.sync_before_allgather", False),
+    ("compile.sync_after_allgather", False),
+    ("compile.keep_int_input_tensors", True),
+    ("compile.keep_all_input_tensors", False),
     ("data_types.grad_accum_dtype", None),
 ]
 

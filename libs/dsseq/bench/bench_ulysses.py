@@ -57,9 +57,9 @@ def memory_rank(rank: int, world: int, seq: int) -> int:
     mpu = dsseq.UlyssesSPAttentionHF.register_with_transformers(model, "sdpa", world, micro_batch_size=1)
     piece = dsseq.shard_batch({"input_ids": ids, "position_ids": torch.arange(seq)[None], "labels": ids},
                               mpu.get_sequence_parallel_rank(), world)
-    with dsseq.TensorMemory() as memory:
-        logits = model(input_ids=piece["input_ids"], position_ids=piece["position_ids"]).logits
-        dsseq.sequence_parallel_loss(logits, piece["shift_labels"], mpu.sequence).backward()
+    with dsseq.TensorMemory() as memory:  # no name holds the logits through backward, as on one rank above
+        dsseq.sequence_parallel_loss(model(input_ids=piece["input_ids"], position_ids=piece["position_ids"]).logits,
+                                     piece["shift_labels"], mpu.sequence).backward()
     return memory.peak_bytes
 
 

@@ -361,3 +361,56 @@ def test_function_form_rejects_bad_copy_and_step(backend):
                       low_precision_copy=_flat(4, torch.bfloat16))
     with pytest.raises(ZeroConfigError, match=r"step=0"):
         cpu_adam_step(_flat(), _flat(), _flat(), _flat(), 0, 1e-3, 0.9, 0.999, 1e-8)
+
+
+@pytest.mark.parametrize("adamw_mode,weight_decay", [(True, 0.1), (False, 0.1), (True, 0.0)])
+def test_subgroup_steps_as_step_and_rollback_returns_to_before(backend, adamw_mode, weight_decay):
+    """step_subgroup keeps the moments under the sub-group id (two partitions swapped through one slot keep their
+    own), equals an ordinary step, and rollback_subgroup undoes it: parameter, moments and step count."""
+    sizes = [33, 17]
+    partitions = [torch.nn.Parameter(p) for p in _params(sizes)]
+    reference = [torch.nn.Parameter(p.detach().clone()) for p in partitions]
+    kwargs = {"lr": 0.01, "weight_decay": weight_decay, "adamw_mode": adamw_mode}
+    expected = CPUAdam(reference, **kwargs)
+    slot = torch.nn.Parameter(torch.empty(0))
+    optimizer = CPUAdam([slot], **kwargs)
+    for step in range(1, 3):
+        for ref, p, g in zip(reference, partitions, _grads(sizes, step)):
+            ref.grad, p.grad = g.clone(), g.clone()
+        expected.step()
+        for subgroup, p in enumerate(partitions):  # ZeRO-3's offloaded sub-groups: one partition in the groups
+            optimizer.param_groups[0]["params"] = [p]
+            optimizer.step_subgroup(subgroup)
+    for subgroup, (ref, p) in enumerate(zip(reference, partitions)):
+        torch.testing.assert_close(p.data, ref.data, **FP32)
+        torch.testing.assert_close(optimizer.state[subgroup]["exp_avg"], expected.state[ref]["exp_avg"], **FP32)
+        assert optimizer.state[subgroup]["step"] == 2
+    before = [p.detach().clone() for p in partitions]
+    moments = [optimizer.state[0][key].clone() for key in ("exp_avg", "exp_avg_sq")]
+    optimizer.param_groups[0]["params"] = [partitions[0]]
+    partitions[0].grad = _grads(sizes, 3)[0]
+    optimizer.step_subgroup(0)
+    assert not torch.equal(partitions[0].data, before[0])
+    optimizer.rollback_subgroup(0)
+    assert optimizer.state[0]["step"] == 2
+    torch.testing.assert_close(partitions[0].data, before[0], rtol=1e-5, atol=1e-6)
+    for key, moment in zip(("exp_avg", "exp_avg_sq"), moments):
+        torch.testing.assert_close(optimizer.state[0][key], moment, rtol=1e-5, atol=1e-6)
+
+
+def test_subgroup_misuse_is_named():
+    optimizer = CPUAdam([torch.nn.Parameter(torch.ones(4))])
+    with pytest.raises(RuntimeError, match="Cannot rollback optimizer state for sub_group_id 3"):
+        optimizer.rollback_subgroup(3)
+    with pytest.raises(ZeroConfigError, match=r"step_subgroup\(0\).*0 parameters in param_groups have a gradient"):
+        optimizer.step_subgroup(0)
+    p = optimizer.param_groups[0]["params"][0]
+    p.grad = torch.ones(4)
+    optimizer.step_subgroup(0)
+    optimizer.rollback_subgroup(0)
+    with pytest.raises(RuntimeError, match="Cannot rollback sub_group_id 0: step count is 0"):
+        optimizer.rollback_subgroup(0)
+    optimizer.param_groups[0]["params"] = [torch.nn.Parameter(torch.ones(5))]
+    optimizer.param_groups[0]["params"][0].grad = torch.ones(5)
+    with pytest.raises(ZeroConfigError, match=r"moments have shape \(4,\) but the parameter stepped now has \(5,\)"):
+        optimizer.step_subgroup(0)

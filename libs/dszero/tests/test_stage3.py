@@ -65,3 +65,23 @@ def test_small_units_stay_gathered_under_the_persistence_threshold():
     persistent = [name for keep, name in units if keep]
     assert "blocks.0.norm1.weight" in persistent and "head.weight" in persistent  # 2*32 and 64*32+64 elements
     assert all(keep for keep, _ in units)
+
+
+def gathered_after_evaluation(rank, world):
+    model = make_model()
+    zero = dszero.ZeroOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                                ZeroConfig(stage=3, stage3_param_persistence_threshold=0,
+                                           stage3_max_reuse_distance=10**9, stage3_prefetch_bucket_size=10**9))
+    tokens = next(batches(1, 1, world, rank))[0]
+    zero.backward(loss_of(model, tokens))
+    zero.step()
+    with torch.no_grad():  # an evaluation after a traced step leaves the reused and prefetched units gathered
+        loss_of(model, tokens)
+    before = sum(unit.gathered for unit in zero.groups)
+    zero.empty_partition_cache()
+    return before, sum(unit.gathered for unit in zero.groups), sum(p.numel() for p in model.parameters())
+
+
+def test_empty_partition_cache_releases_what_evaluation_left_gathered():
+    before, after, held = run_ranks(gathered_after_evaluation, 1, timeout=60)[0]
+    assert before > 0 and after == 0 and held == 0

@@ -3,6 +3,7 @@ every backend shares. A backend names its device type and its torch module; the 
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from typing import Any
@@ -89,6 +90,24 @@ class Accelerator:
 
     def is_pinned(self, tensor: torch.Tensor) -> bool:
         return tensor.is_pinned() if torch.cuda.is_available() else False
+
+    def unpin_memory(self, tensor: torch.Tensor) -> None:
+        """Nothing to release (DeepSpeed's answer for torch's pinned memory, which goes with the tensor): the
+        accelerators pin through torch only."""
+        return None
+
+    # DeepSpeed's tensor constructors on this accelerator (get_accelerator().ByteTensor([1, 2]), ...).
+    def _constructor(self, dtype: torch.dtype):
+        return functools.partial(torch.tensor, dtype=dtype, device=self.device_name())
+
+    ByteTensor = property(lambda self: self._constructor(torch.uint8))
+    BoolTensor = property(lambda self: self._constructor(torch.bool))
+    IntTensor = property(lambda self: self._constructor(torch.int32))
+    LongTensor = property(lambda self: self._constructor(torch.int64))
+    HalfTensor = property(lambda self: self._constructor(torch.float16))
+    BFloat16Tensor = property(lambda self: self._constructor(torch.bfloat16))
+    FloatTensor = property(lambda self: self._constructor(torch.float32))
+    DoubleTensor = property(lambda self: self._constructor(torch.float64))
 
     # ------------------------------------------------------------------ communication, compilation
     def communication_backend_name(self) -> str:

@@ -90,7 +90,9 @@ class CpuAccelerator(Accelerator):
         return True
 
     def device_count(self) -> int:
-        return int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+        # One "device" per local rank: torchrun's LOCAL_WORLD_SIZE, else LOCAL_SIZE (DeepSpeed's launcher and test
+        # harness set it, and DeepSpeed's CPU accelerator counts it as its devices), else one.
+        return int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE") or 1)
 
     def current_device(self) -> int:
         return local_rank()

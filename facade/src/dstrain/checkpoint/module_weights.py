@@ -37,8 +37,21 @@ if TYPE_CHECKING:
     from .protocol import LoadOptions, LoadSource, SaveTarget
     from .saved import SavedCheckpoint
 
+SHARED_PARAMS = "shared_params"  # in the common file: {a tied parameter's other name: the name ZeRO keeps it under}
 SHARDED_DTYPES = "sharded_dtypes"  # in the common file at stage 3: {trained parameter: its dtype} (kept by ZeRO)
 _DTYPES = {str(dtype): dtype for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64)}
+
+
+def shared_parameter_names(module: torch.nn.Module) -> dict[str, str]:
+    """{every further name of a parameter the module holds under several names (tied weights): its first name}."""
+    first: dict[int, str] = {}
+    shared = {}
+    for name, param in module.named_parameters(remove_duplicate=False):
+        if id(param) in first:
+            shared[name] = first[id(param)]
+        else:
+            first[id(param)] = name
+    return shared
 
 
 class LayerFiles:
@@ -118,6 +131,9 @@ class ModuleWeights:
         excluded = frozen_names(self.module) if self.exclude_frozen else []
         if excluded:
             out.common[EXCLUDED_FROZEN] = excluded
+        shared = shared_parameter_names(self.module)
+        if shared:  # zero_to_fp32 gives tied weights every name the module's state dict has
+            out.common[SHARED_PARAMS] = shared
         if self.partitioned:
             out.common[SHARDED_DTYPES] = {name: str(p.dtype) for name, p in
                                           self.module.named_parameters(remove_duplicate=False) if p.requires_grad}

@@ -25,7 +25,7 @@ import dsaio
 import dscomm
 from dszero.checkpoint import is_shared_file_writer, swap_into_place, write_manifest, write_text_atomically
 
-from ..errors import DstrainError
+from ..errors import CheckpointTagError, DstrainError
 from ..logs import log_on_rank0
 from .files import COMMON_FILE, engine_file
 from .layout import RunLayout
@@ -42,6 +42,8 @@ def save_checkpoint(parts: TrainingParts, save_dir: Any, tag: Any, client_state:
                     exclude_frozen_parameters: bool = False) -> bool:
     if parts.optimizer is None:
         raise DstrainError("save_checkpoint() needs an optimizer: a checkpoint is the training state")
+    if save_dir is None or not str(save_dir):  # "" would be the working directory, as Path("") reads it
+        raise ValueError(f"save_checkpoint(save_dir={save_dir!r}): save_dir must name the checkpoint's directory")
     layout = RunLayout.of(parts)
     steps = parts.progress.global_steps
     tag = check_tag(str(tag) if tag is not None else f"global_step{steps}")
@@ -108,7 +110,7 @@ def _agreed_tag(tag: str, group: Any, global_rank: int, mode: str) -> str:
     message = (f"checkpoint tag {tag!r} on rank {global_rank} differs from another rank's tag; every rank must "
                f"save under the same tag (checkpoint.tag_validation is {mode})")
     if mode == "Fail":
-        raise DstrainError(message)
+        raise CheckpointTagError(message)
     warnings.warn(message + "; saving under rank 0's tag", stacklevel=4)
     return _first_rank_text(tag, group)
 

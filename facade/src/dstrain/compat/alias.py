@@ -32,6 +32,7 @@ _C = "dstrain.compat"
 MAPPED_PATHS: dict[str, str] = {
     "deepspeed": "dstrain",
     "deepspeed.accelerator": "dstrain.accelerator",
+    "deepspeed.git_version_info": f"{_C}.git_version_info",
     "deepspeed.comm": "dstrain.comm",
     "deepspeed.zero": "dstrain.zero",
     "deepspeed.checkpointing": "dstrain.checkpointing",
@@ -48,11 +49,23 @@ MAPPED_PATHS: dict[str, str] = {
     "deepspeed.runtime.zero": "dstrain.runtime.zero",
     "deepspeed.runtime.zero.offload_config": "dstrain.runtime.zero.offload_config",
     "deepspeed.runtime.zero.partition_parameters": "dszero.partition_parameters",
+    "deepspeed.runtime.zero.stage_1_and_2": "dstrain.runtime.zero.stage_1_and_2",
+    "deepspeed.runtime.zero.stage3": "dstrain.runtime.zero.stage3",
+    "deepspeed.runtime.fp16": "dstrain.runtime.fp16",
+    "deepspeed.runtime.fp16.fused_optimizer": "dstrain.runtime.fp16.fused_optimizer",
+    "deepspeed.runtime.fp16.unfused_optimizer": "dstrain.runtime.fp16.unfused_optimizer",
+    "deepspeed.runtime.bf16_optimizer": "dstrain.runtime.bf16_optimizer",
     "deepspeed.utils": "dstrain.utils",
     "deepspeed.utils.groups": "dscomm.groups",
     "deepspeed.utils.zero_to_fp32": "dstrain.utils.zero_to_fp32",
+    "deepspeed.utils.torch": "dstrain.utils.torch",
+    "deepspeed.utils.z3_leaf_module": "dszero.leaf_modules",
     "deepspeed.ops": "dstrain.ops",
     "deepspeed.ops.adam": "dstrain.ops.adam",
+    "deepspeed.ops.adagrad": "dstrain.ops.adagrad",
+    "deepspeed.ops.lion": "dstrain.ops.lion",
+    "deepspeed.ops.aio": "dstrain.ops.aio",
+    "deepspeed.ops.op_builder": "dstrain.ops.op_builder",
     "deepspeed.ops.lamb": "dstrain.ops",
     "deepspeed.ops.transformer": "dstrain.ops.transformer",
     "deepspeed.monitor": "dsmonitor",
@@ -64,6 +77,22 @@ MAPPED_PATHS: dict[str, str] = {
     "deepspeed.moe": "dstrain.moe",
     "deepspeed.moe.layer": "dstrain.moe.layer",
     "deepspeed.moe.utils": "dstrain.moe.utils",
+    "deepspeed.moe.sharded_moe": "dstrain.moe.sharded_moe",
+    "deepspeed.moe.experts": "dstrain.moe.experts",
+    "deepspeed.runtime.pipe": "dstrain.pipe",
+    "deepspeed.runtime.pipe.module": "dstrain.pipe",
+    "deepspeed.runtime.pipe.topology": "dstrain.runtime.pipe_topology",
+    # data efficiency (dsdata)
+    "deepspeed.runtime.data_pipeline": "dstrain.runtime.data_pipeline",
+    "deepspeed.runtime.data_pipeline.curriculum_scheduler": "dstrain.runtime.data_pipeline.curriculum_scheduler",
+    "deepspeed.runtime.data_pipeline.data_sampling": "dstrain.runtime.data_pipeline.data_sampling",
+    "deepspeed.runtime.data_pipeline.data_sampling.data_analyzer": "dstrain.runtime.data_pipeline.data_sampling.data_analyzer",
+    "deepspeed.runtime.data_pipeline.data_sampling.data_sampler": "dstrain.runtime.data_pipeline.data_sampling.data_sampler",
+    "deepspeed.runtime.data_pipeline.data_sampling.indexed_dataset": "dstrain.runtime.data_pipeline.data_sampling.indexed_dataset",
+    "deepspeed.runtime.data_pipeline.data_routing": "dstrain.runtime.data_pipeline.data_routing",
+    "deepspeed.runtime.data_pipeline.data_routing.helper": "dstrain.runtime.data_pipeline.data_routing.helper",
+    "deepspeed.runtime.data_pipeline.data_routing.basic_layer": "dstrain.runtime.data_pipeline.data_routing.basic_layer",
+    "deepspeed.runtime.data_pipeline.data_routing.scheduler": "dstrain.runtime.data_pipeline.data_routing.scheduler",
     # Ulysses sequence parallelism (dsseq)
     "deepspeed.sequence": "dstrain.sequence",
     "deepspeed.sequence.layer": "dstrain.sequence.layer",
@@ -89,7 +118,8 @@ PUBLIC_PATHS: dict[str, str] = {
 # Target modules that need a library the facade does not always have: the module's first name -> pip line.
 _PROVIDERS = {"dstrain.pipe": "dspipe", "dstrain.moe": "dsmoe", f"{_C}.pipe": "dspipe", f"{_C}.moe": "dsmoe",
               "dstrain.sequence": "dsseq", f"{_C}.sequence": "dsseq", "dstrain.runtime.sequence_parallel": "dsseq",
-              f"{_C}.runtime.sequence_parallel": "dsseq"}
+              f"{_C}.runtime.sequence_parallel": "dsseq", "dstrain.runtime.data_pipeline": "dsdata",
+              f"{_C}.runtime.data_pipeline": "dsdata"}
 
 
 def libraries_behind(target: str) -> list[str]:

@@ -115,6 +115,12 @@ class EngineAccessors:
         return self.optimizer.loss_scale if self.optimizer is not None else 1.0
 
     @property
+    def sparse_tensor_module_names(self) -> set[str]:
+        """The parameters whose gradients are reduced as sparse tensors (DeepSpeed's sparse_gradients): none,
+        that config key is not part of dstrain (refused by name), so every gradient is reduced dense."""
+        return set()
+
+    @property
     def skipped_steps(self) -> int:
         return self.optimizer.skipped_steps if self.optimizer is not None else 0
 

@@ -4,15 +4,17 @@ parts (`parts.build_training_parts`) are built, saved and reported on without it
 
 from __future__ import annotations
 
+import contextlib
 import gc
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 from dscomm import watchdog
-from dsconfig import DeepSpeedConfig
+from dsconfig import DeepSpeedConfig, Problem
 
-from ..errors import DstrainError
+from ..errors import DstrainError, EngineUsageError
 from ..logs import log_on_rank0
 from .accessors import EngineAccessors
 from .parts import build_training_parts
@@ -22,6 +24,12 @@ from .parts import build_training_parts
 # (Accelerate's get_state_dict calls _consolidated_16bit_state_dict under AutoTP, which this engine lacks.)
 _DEEPSPEED_PRIVATE_API = {"_consolidated_16bit_state_dict", "_zero3_consolidated_16bit_state_dict"}
 
+
+
+def _functorch_transforming() -> bool:
+    """Inside torch.func.grad / vmap / jacrev (their gradients are the function's own, not a training step's)."""
+    peek = getattr(getattr(torch._C, "_functorch", None), "peek_interpreter_stack", None)
+    return peek is not None and peek() is not None
 
 class DeepSpeedEngine(EngineAccessors, torch.nn.Module):
     """Built by `dstrain.initialize()`; `engine(*inputs)`, `engine.backward(loss)`, `engine.step()`."""
@@ -47,6 +55,7 @@ class DeepSpeedEngine(EngineAccessors, torch.nn.Module):
                                             rank=parts.global_rank)
         self._engine_backward_active = False
         self._compiled = False
+        self.deepcompile_runtime: Any = None  # dscompile's, after compile() with compile.deepcompile
         if config.dump_state:
             log_on_rank0(self.global_rank, self._state_text())
         # What trains, not what the config named: a client's optimizer or scheduler wins over the config's.
@@ -64,6 +73,11 @@ class DeepSpeedEngine(EngineAccessors, torch.nn.Module):
     # ------------------------------------------------------------------ the loop
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
         watchdog.record(f"engine forward of micro-step {self.micro_steps + 1} (step {self.global_steps + 1})")
+        if not self._compiled and self._config.compile.deepcompile and "autosp" in self._config.compile.passes:
+            why = Problem("compile.passes", "AutoSP shards each sequence inside the compiled graph: call "
+                                            "engine.compile() before the first forward (uncompiled, every rank would "
+                                            "train the whole sequence unsharded)", ["autosp"])
+            raise DstrainError(f"engine.forward before engine.compile():\n- {why}")
         self.reporter.before_forward()
         timer = self.reporter.timer("fwd")
         timer.start()
@@ -72,7 +86,8 @@ class DeepSpeedEngine(EngineAccessors, torch.nn.Module):
         with self.precision.forward_context():
             output = self.module(*inputs, **kwargs)
         timer.stop()
-        if self.module.training and torch.is_grad_enabled() and self.optimizer is not None:
+        if (self.module.training and torch.is_grad_enabled() and self.optimizer is not None
+                and not _functorch_transforming()):
             _hook_outputs(output, self._scale_plain_backward)
         return output
 
@@ -85,13 +100,14 @@ class DeepSpeedEngine(EngineAccessors, torch.nn.Module):
 
     def _scale_plain_backward(self, grad: torch.Tensor) -> torch.Tensor | None:
         # A plain loss.backward() skips engine.backward's scaling: apply it to what flows into the outputs.
-        if self._engine_backward_active:
-            return None
+        if self._engine_backward_active or _functorch_transforming():
+            return None  # torch.func.grad(engine) differentiates the module as it is: nothing to scale
         factor = self._loss_factor()
         return grad * factor if factor != 1.0 else None
 
     def backward(self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True) -> torch.Tensor:
-        """loss.backward() with gradient-accumulation averaging and the fp16 loss scale; returns the loss."""
+        """loss.backward() with gradient-accumulation averaging and the fp16 loss scale. Returns the loss as its
+        gradients count, as DeepSpeed does: divided by gradient_accumulation_steps (unless scale_wrt_gas=False)."""
         self._require_optimizer("backward")
         if not torch.is_tensor(loss) or loss.numel() != 1:
             raise DstrainError(f"engine.backward(loss) needs a one-element loss tensor, got "
@@ -108,7 +124,8 @@ class DeepSpeedEngine(EngineAccessors, torch.nn.Module):
             self._engine_backward_active = False
         self._progress.record_backward()
         timer.stop()
-        return loss
+        gas = self.gradient_accumulation_steps()
+        return loss / gas if scale_wrt_gas and gas != 1 else loss
 
     def is_gradient_accumulation_boundary(self) -> bool:
         """Whether the next step() updates the weights."""
@@ -119,9 +136,36 @@ class DeepSpeedEngine(EngineAccessors, torch.nn.Module):
         """Override the boundary (e.g. at the end of an epoch); None returns to counting micro-steps."""
         self._progress.boundary_override = is_boundary
 
+    def empty_partition_cache(self) -> None:
+        """Release the ZeRO-3 parameters left gathered (the forward's, the prefetch's), between steps."""
+        if self.optimizer is not None:
+            self.optimizer.empty_partition_cache()
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backward passes inside accumulate gradients on this rank only (DDP's no_sync, DeepSpeed's): at ZeRO
+        stages 0-1 gradients are reduced at the step anyway, so the step after the block applies what the passes
+        inside accumulated; step() inside is refused. Stages 2-3 reduce as gradients arrive (partitioning them),
+        so it is refused there."""
+        stage = self.zero_optimization_stage()
+        if stage >= 2:
+            raise EngineUsageError(f"no_sync context manager is incompatible with gradient partitioning logic of ZeRO "
+                                   f"stage {stage}: zero_optimization.stage 2 and 3 reduce gradients as they arrive; "
+                                   f"use stage 0 or 1, or gradient_accumulation_steps")
+        if getattr(self, "_inside_no_sync", False):
+            raise EngineUsageError("no_sync context manager reentry is unsupported: leave the outer one first")
+        self._inside_no_sync = True
+        try:
+            yield
+        finally:
+            self._inside_no_sync = False
+
     def step(self, lr_kwargs: dict | None = None) -> None:
         """Count the micro-batch; at the accumulation boundary, update the weights and the scheduler."""
         self._require_optimizer("step")
+        if getattr(self, "_inside_no_sync", False):
+            raise EngineUsageError("It is illegal to call Engine.step() inside no_sync context manager: the gradients "
+                                   "accumulated there are this rank's alone; step after the with-block")
         progress, optimizer = self._progress, self.optimizer
         boundary = self.is_gradient_accumulation_boundary()
         if boundary:
@@ -173,10 +217,29 @@ class DeepSpeedEngine(EngineAccessors, torch.nn.Module):
         """The ranks splitting each sample's sequence (None without sequence_parallel_size), as DeepSpeed's."""
         return self.seq_parallel_group
 
-    def compile(self, backend: str = "inductor", compile_kwargs: dict | None = None) -> None:
-        """torch.compile the wrapped module in place (DeepSpeed's engine.compile); hooks stay attached."""
-        self.module.compile(backend=backend, **(compile_kwargs or {}))
+    def compile(self, backend: str = "inductor", compile_kwargs: dict | None = None, schedule: Any = None) -> None:
+        """torch.compile the wrapped module in place (DeepSpeed's engine.compile). With compile.deepcompile,
+        ZeRO's collectives go into the graphs (dscompile; schedule: [(step, [pass names])]); without it, a
+        plain torch.compile with the hooks attached. A second call does nothing."""
+        if self._compiled:
+            return
+        if self._config.compile.deepcompile:
+            from ..wiring.dscompile import compile_deepcompile
+
+            self.deepcompile_runtime = compile_deepcompile(self, backend, compile_kwargs, schedule)
+        elif schedule is not None:
+            raise DstrainError("engine.compile(schedule=...) schedules DeepCompile's passes: set "
+                               "\"compile\": {\"deepcompile\": true} in the config")
+        else:
+            self.module.compile(backend=backend, **(compile_kwargs or {}))
         self._compiled = True
+
+    def destroy(self) -> None:
+        if self.deepcompile_runtime is not None:
+            from ..wiring.dscompile import uncompile
+
+            uncompile(self.deepcompile_runtime)
+        super().destroy()
 
     @property
     def is_compiled(self) -> bool:

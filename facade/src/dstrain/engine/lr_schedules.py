@@ -97,8 +97,8 @@ def _param_groups_owner(optimizer: Any) -> Any:
 
 def _write_lrs(param_groups: list[dict], lrs: Sequence[float]) -> list:
     for group, lr in zip(param_groups, lrs):
-        if torch.is_tensor(group["lr"]):  # keep a tensor lr a tensor (capturable / compiled optimizers)
-            group["lr"].fill_(lr)
+        if torch.is_tensor(group["lr"]):  # keep a tensor lr a tensor (capturable / compiled optimizers), any shape
+            group["lr"].fill_(lr.item() if torch.is_tensor(lr) else lr)
         else:
             group["lr"] = lr
     return [group["lr"] for group in param_groups]

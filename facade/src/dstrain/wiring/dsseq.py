@@ -19,6 +19,7 @@ What sequence parallelism is not composed with here is refused by key.
 
 from __future__ import annotations
 
+import sys
 import warnings
 from typing import Any
 
@@ -124,3 +125,36 @@ def check_sequence_mpu(mpu: Any, groups: dscomm.ParallelGroups) -> None:
 def zero_group(groups: dscomm.ParallelGroups) -> Any:
     """Where ZeRO partitions and reduces: sequence x data (the data group itself without sequence parallelism)."""
     return groups.sequence_data
+
+
+def compile_autosp(engine: Any, backend: str, compile_kwargs: dict | None) -> Any:
+    """engine.compile() with `"compile": {"deepcompile": true, "passes": ["autosp"]}`: the module compiled by
+    dsseq's AutoSP over the run's sequence group (the pass inserts Ulysses' all-to-alls into the graph).
+    ZeRO 0-2 reduce the gradients as for any module; returns dsseq's runtime."""
+    config = engine._config
+    problems = []
+    if sequence_degree(config) == 1:
+        problems.append(Problem(KEY, "compile.passes \"autosp\" shards each sequence over the sequence-parallel "
+                                     "ranks: set sequence_parallel_size above 1 (a divisor of the world size)",
+                                config.sequence_parallel_size))
+    if config.zero_optimization.stage == 3:
+        problems.append(Problem("zero_optimization.stage", "AutoSP runs with ZeRO stages 0-2 (DeepSpeed's example "
+                                                           "uses 0); stage 3's gathers are DeepCompile's ZeRO passes, "
+                                                           "which do not run beside autosp", 3))
+    other = [name for name in config.compile.passes if name != "autosp"]
+    if other:
+        problems.append(Problem("compile.passes", f"autosp runs alone; remove {other}", config.compile.passes))
+    if problems:
+        raise UnsupportedFeatureError(problems)
+    import dsseq
+
+    return dsseq.compile_autosp(engine.module, engine.seq_parallel_group, backend=backend,
+                                compile_kwargs=compile_kwargs)
+
+
+def is_autosp_runtime(runtime: Any) -> bool:
+    return imported("dsseq") and isinstance(runtime, sys.modules["dsseq"].AutoSPRuntime)
+
+
+def uncompile_autosp(runtime: Any) -> None:
+    sys.modules["dsseq"].uncompile_autosp(runtime)

@@ -14,6 +14,7 @@ checkpoint records one plan that merges and cuts every layer file.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from typing import Any
 
 import torch
@@ -197,3 +198,34 @@ def mark_megatron_shards(model: torch.nn.Module) -> int:
             setattr(param, dscomm.TENSOR_PARALLEL_ATTR, True)
             count += 1
     return count
+
+
+def compile_autotp(engine: Any, backend: str, compile_kwargs: dict | None) -> Any:
+    """engine.compile() with `"compile": {"deepcompile": true, "passes": ["autotp"]}`: the model, cut by AutoTP
+    at initialize() as always, compiled with its tensor-parallel collectives in the graph (dstp's autotp pass)
+    instead of inside the layers. ZeRO 0-2 reduce the gradients as for any module; returns dstp's runtime."""
+    config = engine._config
+    problems = []
+    if config.zero_optimization.stage == 3:
+        problems.append(Problem("zero_optimization.stage", "the autotp pass runs with ZeRO stages 0-2 (DeepSpeed's "
+                                                           "example uses 0); stage 3's gathers are DeepCompile's ZeRO "
+                                                           "passes, which do not run beside it", 3))
+    other = [name for name in config.compile.passes if name != "autotp"]
+    if other:
+        problems.append(Problem("compile.passes", f"autotp runs alone; remove {other}", config.compile.passes))
+    if problems:
+        raise UnsupportedFeatureError(problems)
+    dstp = require("dstp", "compile.passes \"autotp\"")
+    try:
+        return dstp.compile_autotp(engine.module, backend=backend, compile_kwargs=compile_kwargs)
+    except dstp.TensorParallelError as exc:
+        raise UnsupportedFeatureError([Problem("compile.passes", str(exc), config.compile.passes)]) from None
+
+
+def is_autotp_runtime(runtime: Any) -> bool:
+    module = sys.modules.get("dstp")
+    return module is not None and isinstance(runtime, module.AutoTPRuntime)
+
+
+def uncompile_autotp(runtime: Any) -> None:
+    sys.modules["dstp"].uncompile_autotp(runtime)

@@ -8,9 +8,9 @@ pyproject.toml:
     [project.entry-points."dstrain.features"]
     "expert_parallel.enabled" = "dsmoe"
 
-so installing a library lifts its own gate. The facade keeps the table of gated features below; a
-feature dstrain will never provide stays refused whatever is installed. Where a library is installed
-but this version's engine does not compose its feature yet, the feature is refused naming that.
+so installing a library lifts its own gate. The facade keeps the table of gated features below. Where
+a library is installed but this version's engine does not compose its feature yet, the feature is
+refused naming that.
 """
 
 from __future__ import annotations
@@ -67,14 +67,14 @@ GATED_FEATURES = (
                  "dsdata", lambda cfg: cfg.curriculum_learning.enabled),
     GatedFeature("sequence_parallel_size", "sequence_parallel_size", "Ulysses sequence parallelism", "dsseq",
                  lambda cfg: cfg.sequence_parallel_size if cfg.sequence_parallel_size > 1 else 0),
+    GatedFeature("compile.deepcompile", "compile.deepcompile", "DeepCompile", "dscompile",
+                 lambda cfg: cfg.compile.deepcompile),
 )
 
 # Gated features whose library, once installed, this version's engine also composes into training.
 ENGINE_COMPOSES: frozenset[str] = frozenset({"tensor_parallel.autotp_size", "data_efficiency.enabled",
                                              "curriculum_learning.enabled", "pipeline", "expert_parallel.enabled",
-                                             "sequence_parallel_size"})
-
-_NEVER_PROVIDED = (("compile.deepcompile", "DeepCompile", lambda cfg: cfg.compile.deepcompile),)
+                                             "sequence_parallel_size", "compile.deepcompile"})
 
 
 def provided_features(declared: Iterable[EntryPoint] | None = None) -> dict[str, str]:
@@ -116,10 +116,6 @@ def check_features(cfg: DeepSpeedConfig, raw: dict | None, provided: Mapping[str
             problems.append(Problem(feature.key, f"turns on {feature.what}: {provided[feature.name]} provides it, "
                                                  f"but this dstrain's engine does not compose it yet; remove the "
                                                  f"key or turn it off", feature.value(cfg)))
-    for path, what, on in _NEVER_PROVIDED:
-        if on(cfg):
-            problems.append(Problem(path, f"turns on {what}, which dstrain does not provide; remove it or turn it "
-                                          f"off", True))
     if cfg.checkpoint.load_universal:
         problems.append(Problem("checkpoint.load_universal",
                                 "universal checkpoints are not needed: dstrain checkpoints load at any data-parallel "

@@ -16,6 +16,7 @@ from .engines import Engine, Tuning, get_engine
 from .errors import AioError, short_read
 from .limits import queue_limits
 from .locked import free_cpu_locked_tensor as _free_locked
+from .locked import is_pinned as _is_pinned
 from .locked import new_cpu_locked_tensor as _new_locked
 
 
@@ -184,6 +185,10 @@ class aio_handle:  # DeepSpeed's name, lower case
 
     def free_cpu_locked_tensor(self, tensor: Any) -> bool:
         return _free_locked(tensor)
+
+    def is_pinned(self, tensor: Any) -> bool:
+        """Whether `tensor` is (a view of) page-locked memory from new_cpu_locked_tensor, or torch's pinned memory."""
+        return _is_pinned(tensor)
 
     def close(self) -> None:
         """Waits for what is in flight and stops the worker threads."""

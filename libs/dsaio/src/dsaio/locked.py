@@ -97,3 +97,19 @@ def is_locked(tensor: Any) -> bool:
         entry = _locked.get(_address(tensor))
         pinned = _address(tensor) in _pinned
     return pinned or bool(entry and entry[2])
+
+
+def is_pinned(tensor: Any) -> bool:
+    """Whether `tensor`'s memory lies inside a buffer from `new_cpu_locked_tensor` that is page-locked (a view of
+    one too), or is torch's pinned memory. DeepSpeed's handle.is_pinned."""
+    start = _address(tensor)
+    if (not isinstance(tensor, np.ndarray) and getattr(tensor, "is_pinned", None) is not None
+            and tensor.device.type == "cpu" and tensor.is_pinned()):
+        return True
+    with _lock:
+        if start in _pinned:
+            return True
+        for base, (_mapping, length, locked) in _locked.items():
+            if locked and base <= start < base + length:
+                return True
+    return False

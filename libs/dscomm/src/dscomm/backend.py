@@ -107,8 +107,9 @@ def init_distributed(dist_backend: str | None = None, timeout: datetime.timedelt
             warnings.warn(f"init_distributed: already initialised with backend {current!r}; "
                           f"ignoring dist_backend={dist_backend!r}", stacklevel=2)
         return
-    if dist_init_required is False:
-        return
+    if dist_init_required is False:  # the caller promised a process group: there is none (DeepSpeed asserts)
+        raise CommError("init_distributed(dist_init_required=False): torch.distributed is not initialized; "
+                        "initialize it first, or pass dist_init_required=True (or leave it out)")
     if timeout is not None and not isinstance(timeout, datetime.timedelta):
         raise CommError(f"timeout must be a datetime.timedelta, not {type(timeout).__name__} ({timeout!r})")
     _timeout = timeout or DEFAULT_TIMEOUT

@@ -63,7 +63,8 @@ def _nbytes(tensor: torch.Tensor) -> int:
 
 
 def _run(op: str, *, tensor: torch.Tensor | None, nbytes: int, group: Any, async_op: bool, log_name: str | None,
-         prof: bool, native: Callable[[], Any], emulated: Callable[[], None] | None = None) -> CommHandle | None:
+         prof: bool, native: Callable[[], Any], emulated: Callable[[], None] | None = None,
+         after: Callable[[], None] | None = None) -> CommHandle | None:
     watchdog.record_collective(op, group)
     record = timer = None
     if LOGGER.wants(op, prof):
@@ -78,13 +79,15 @@ def _run(op: str, *, tensor: torch.Tensor | None, nbytes: int, group: Any, async
         raise _failure(op, group, exc) from exc
 
     def finish() -> None:
+        if after is not None:
+            after()
         if record is not None:
             LOGGER.add(timer.finish(record))
 
     if not async_op:
         finish()
         return None
-    if record is not None and not timer.cuda and work is not None and hasattr(work, "get_future"):
+    if after is None and record is not None and not timer.cuda and work is not None and hasattr(work, "get_future"):
         # Time to completion, taken when the op completes rather than when the caller waits.
         work.get_future().add_done_callback(lambda _: finish())
         return CommHandle(work, op, group, None)
@@ -139,52 +142,79 @@ def _failure(op: str, group: Any, exc: BaseException) -> CommError:
     return CommError(message)
 
 
+def _staged(group: Any, *tensors: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], Callable[[], None] | None]:
+    """`tensors` where the group's backend can move them, and what copies results back when they moved.
+
+    NCCL moves device memory only, while small host tensors (a flag, a count, a tag's digest, an offloaded
+    value) are natural in the code above: they travel through the current GPU and land back in place.
+    """
+    if not torch.cuda.is_available() or all(t.device.type != "cpu" for t in tensors):
+        return tensors, None
+    if dist.get_backend(group) != "nccl":
+        return tensors, None
+    device = torch.device("cuda", torch.cuda.current_device())
+    moved = tuple(t.to(device) if t.device.type == "cpu" else t for t in tensors)
+
+    def copy_back() -> None:
+        for host, on_device in zip(tensors, moved):
+            if on_device is not host:
+                host.copy_(on_device)
+    return moved, copy_back
+
+
 # ------------------------------------------------------------------ collectives
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, log_name=None, prof=False):
+    (tensor,), after = _staged(group, tensor)
     return _run("all_reduce", tensor=tensor, nbytes=_nbytes(tensor), group=group, async_op=async_op,
-                log_name=log_name, prof=prof,
+                log_name=log_name, prof=prof, after=after,
                 native=lambda: dist.all_reduce(tensor, op=op, group=group, async_op=async_op),
                 emulated=lambda: emulation.all_reduce(tensor, op, group))
 
 
 def reduce(tensor, dst, op=ReduceOp.SUM, group=None, async_op=False, log_name=None, prof=False):
+    (tensor,), after = _staged(group, tensor)
     return _run("reduce", tensor=tensor, nbytes=_nbytes(tensor), group=group, async_op=async_op,
-                log_name=log_name, prof=prof,
+                log_name=log_name, prof=prof, after=after,
                 native=lambda: dist.reduce(tensor, dst, op=op, group=group, async_op=async_op),
                 emulated=lambda: emulation.reduce(tensor, dst, op, group))
 
 
 def broadcast(tensor, src, group=None, async_op=False, log_name=None, prof=False):
+    (tensor,), after = _staged(group, tensor)
     return _run("broadcast", tensor=tensor, nbytes=_nbytes(tensor), group=group, async_op=async_op,
-                log_name=log_name, prof=prof,
+                log_name=log_name, prof=prof, after=after,
                 native=lambda: dist.broadcast(tensor, src, group=group, async_op=async_op))
 
 
 def all_gather(tensor_list, tensor, group=None, async_op=False, log_name=None, prof=False):
+    (tensor, *tensor_list), after = _staged(group, tensor, *tensor_list)
     return _run("all_gather", tensor=tensor, nbytes=_nbytes(tensor) * len(tensor_list), group=group,
-                async_op=async_op, log_name=log_name, prof=prof,
+                async_op=async_op, log_name=log_name, prof=prof, after=after,
                 native=lambda: dist.all_gather(tensor_list, tensor, group=group, async_op=async_op),
                 emulated=lambda: emulation.all_gather(tensor_list, tensor, group))
 
 
 def all_gather_into_tensor(output_tensor, tensor, group=None, async_op=False, log_name=None, prof=False):
+    (output_tensor, tensor), after = _staged(group, output_tensor, tensor)
     return _run("all_gather_into_tensor", tensor=tensor, nbytes=_nbytes(output_tensor), group=group,
-                async_op=async_op, log_name=log_name, prof=prof,
+                async_op=async_op, log_name=log_name, prof=prof, after=after,
                 native=lambda: _all_gather_single(output_tensor, tensor, group=group, async_op=async_op),
                 emulated=lambda: emulation.all_gather_into_tensor(output_tensor, tensor, group))
 
 
 def reduce_scatter_tensor(output, tensor, op=ReduceOp.SUM, group=None, async_op=False, log_name=None, prof=False):
+    (output, tensor), after = _staged(group, output, tensor)
     return _run("reduce_scatter_tensor", tensor=tensor, nbytes=_nbytes(tensor), group=group, async_op=async_op,
-                log_name=log_name, prof=prof,
+                log_name=log_name, prof=prof, after=after,
                 native=lambda: _reduce_scatter_single(output, tensor, op=op, group=group, async_op=async_op),
                 emulated=lambda: emulation.reduce_scatter_tensor(output, tensor, op, group))
 
 
 def all_to_all_single(output, tensor, output_split_sizes=None, input_split_sizes=None, group=None, async_op=False,
                       log_name=None, prof=False):
+    (output, tensor), after = _staged(group, output, tensor)
     return _run("all_to_all_single", tensor=tensor, nbytes=_nbytes(tensor), group=group, async_op=async_op,
-                log_name=log_name, prof=prof,
+                log_name=log_name, prof=prof, after=after,
                 native=lambda: dist.all_to_all_single(output, tensor, output_split_sizes, input_split_sizes,
                                                       group=group, async_op=async_op),
                 emulated=lambda: emulation.all_to_all_single(output, tensor, output_split_sizes,

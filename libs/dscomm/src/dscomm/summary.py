@@ -68,15 +68,17 @@ def log_summary(show_straggler: bool = False, return_dict: bool = False) -> dict
 
 def _gather_objects(obj: Any, world: int) -> list[Any]:
     """all_gather of picklable objects; unlike torch's all_gather_object it needs no numpy."""
-    payload = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
-    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
-    dist.all_gather(sizes, torch.tensor([payload.numel()], dtype=torch.int64))
+    # Straight through torch (not dscomm's ops): the summary's own traffic stays out of the log it summarises.
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    payload = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8).to(device)
+    sizes = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(world)]
+    dist.all_gather(sizes, torch.tensor([payload.numel()], dtype=torch.int64, device=device))
     longest = max(int(s.item()) for s in sizes)
-    padded = torch.zeros(longest, dtype=torch.uint8)
+    padded = torch.zeros(longest, dtype=torch.uint8, device=device)
     padded[: payload.numel()] = payload
-    buffers = [torch.empty(longest, dtype=torch.uint8) for _ in range(world)]
+    buffers = [torch.empty(longest, dtype=torch.uint8, device=device) for _ in range(world)]
     dist.all_gather(buffers, padded)
-    return [pickle.loads(bytes(buf[: int(size.item())].tolist())) for buf, size in zip(buffers, sizes)]
+    return [pickle.loads(bytes(buf[: int(size.item())].cpu().tolist())) for buf, size in zip(buffers, sizes)]
 
 
 def _merge(per_rank: list[dict]) -> dict:

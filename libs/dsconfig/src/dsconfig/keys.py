@@ -126,9 +126,7 @@ KNOWN_KEYS: dict[tuple[str, str], KnownKey] = {
     ("compile", "backend"): KnownKey("unsupported", _TORCH_COMPILE),
     ("compile", "kwargs"): KnownKey("unsupported", _TORCH_COMPILE),
     **{("compile", knob): KnownKey("unsupported", _DEEPCOMPILE_KNOB) for knob in (
-        "free_activation", "offload_opt_states", "offload_parameters", "double_buffer", "symmetric_memory",
-        "debug_log", "sync_before_reduce", "sync_after_reduce", "sync_before_allgather", "sync_after_allgather",
-        "keep_int_input_tensors", "keep_all_input_tensors")},
+        "symmetric_memory",)},  # NCCL symmetric memory: no such memory on gloo or the CPU
 }
 
 

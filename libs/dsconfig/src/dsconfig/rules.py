@@ -145,11 +145,11 @@ def no_effect_rules(cfg: DeepSpeedConfig) -> Iterator[Finding]:
         yield _no_effect("checkpoint.parallel_write.pipeline_stage",
                          "each pipeline stage's layer files are written by its data-parallel rank 0", True)
     comp = cfg.compile
-    if not comp.deepcompile:  # with it, compile.deepcompile itself is refused by the engine
-        for key, on in (("offload_activation", comp.offload_activation),
-                        ("offload_activation_pin_memory", not comp.offload_activation_pin_memory)):
-            if on:
-                yield _no_effect(f"compile.{key}", "DeepCompile's activation offload acts only with compile.deepcompile",
+    if not comp.deepcompile:
+        defaults = type(comp)()
+        for key in _DEEPCOMPILE_KNOBS:
+            if getattr(comp, key) != getattr(defaults, key):
+                yield _no_effect(f"compile.{key}", "a DeepCompile setting acts only with compile.deepcompile: true",
                                  getattr(comp, key))
     pipe = cfg.pipeline
     if isinstance(pipe.stages, int) and pipe.stages > 1 and cfg.tensor_parallel.autotp_size > 1:
@@ -168,8 +168,31 @@ def no_effect_rules(cfg: DeepSpeedConfig) -> Iterator[Finding]:
                          f"reduces every gradient in one lower precision)", autocast.lower_precision_safe_modules)
 
 
+# The compile section's DeepCompile settings (all but deepcompile itself and passes, which has its own rule).
+_DEEPCOMPILE_KNOBS = ("free_activation", "free_activation_threshold", "offload_activation",
+                      "offload_activation_pin_memory", "offload_opt_states", "offload_parameters", "double_buffer",
+                      "debug_log", "sync_before_reduce", "sync_after_reduce", "sync_before_allgather",
+                      "sync_after_allgather", "keep_int_input_tensors", "keep_all_input_tensors")
+
+
 def compile_rules(cfg: DeepSpeedConfig) -> Iterator[Finding]:
     comp = cfg.compile
+    # The reference's offload switches each plan against the whole memory budget: one target per run.
+    if comp.offload_activation and (comp.offload_parameters or comp.offload_opt_states):
+        other = "offload_parameters" if comp.offload_parameters else "offload_opt_states"
+        yield _error("compile.offload_activation", f"cannot be combined with compile.{other}: choose one "
+                                                   f"offloading target per run", True)
+    if comp.offload_parameters and comp.offload_opt_states:
+        yield _error("compile.offload_opt_states", "cannot be combined with compile.offload_parameters: choose one "
+                                                   "offloading target per run", True)
+    if comp.offload_opt_states and cfg.zero_optimization.optimizer_offload_device != "none":
+        yield _error("compile.offload_opt_states",
+                     f"cannot be combined with zero_optimization.offload_optimizer (device "
+                     f"{cfg.zero_optimization.optimizer_offload_device!r}): both manage the same optimizer states; "
+                     f"enable one of them", True)
+    if comp.deepcompile and {"z1", "z3"} & set(comp.passes) and {"autosp", "autotp"} & set(comp.passes):
+        yield _error("compile.passes", "the ZeRO passes (z1, z3) cannot be combined with autosp or autotp",
+                     comp.passes)
     if comp.passes and not comp.deepcompile:
         yield Finding(Problem("compile.passes", "compiler passes run only with compile.deepcompile: true; ignored",
                               comp.passes),

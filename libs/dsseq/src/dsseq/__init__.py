@@ -8,10 +8,15 @@
     loader = dsseq.UlyssesSPDataLoaderAdapter(loader, sp_rank, sp_group, sp_world_size, device)
 
     dsseq.TiledMLP, dsseq.TiledFusedLogitsLoss, dsseq.SequenceTiledCompute   # flat activation memory
+
+    runtime = dsseq.compile_autosp(model, groups.sequence)          # AutoSP: the pass inserts the all-to-alls
+    ids, labels, pos, mask = dsseq.prepare_autosp_inputs(ids, labels)   # whole sequence on every rank
+    model(input_ids=ids, labels=labels, position_ids=pos).loss.backward()
 """
 
 from . import ops  # registers torch.ops.dsseq.* (AutoSP's graph operators)
 from ._version import __version__
+from .autosp import AutoSPRuntime, compile_autosp, insert_ulysses, prepare_autosp_inputs, uncompile_autosp
 from .comm import all_to_all, gather_sequence, sum_over_ranks
 from .dataloader import UlyssesSPDataLoaderAdapter, shard_batch
 from .errors import SequenceParallelError
@@ -23,6 +28,7 @@ from .tiled import SequenceTiledCompute, TiledFusedLogitsLoss, TiledMLP, sequenc
 from .ulysses_hf import UlyssesSPAttentionHF, restore_transformers_attention
 
 __all__ = [
+    "AutoSPRuntime",
     "DistributedAttention",
     "HeadSplit",
     "SequenceParallelError",
@@ -35,8 +41,11 @@ __all__ = [
     "__version__",
     "all_to_all",
     "apply_rotary",
+    "compile_autosp",
     "gather_sequence",
+    "insert_ulysses",
     "ops",
+    "prepare_autosp_inputs",
     "restore_transformers_attention",
     "sequence_parallel_loss",
     "sequence_tiled_compute",
@@ -45,4 +54,5 @@ __all__ = [
     "shift_labels",
     "split_heads",
     "sum_over_ranks",
+    "uncompile_autosp",
 ]

@@ -37,7 +37,10 @@ def _group(name: str) -> Any:
 
 @torch.library.custom_op("dsseq::all_to_all", mutates_args=())
 def all_to_all_op(x: torch.Tensor, scatter_dim: int, gather_dim: int, group: str) -> torch.Tensor:
-    return _exchange(x.contiguous(), scatter_dim, gather_dim, _group(group))
+    source = x.contiguous()
+    out = _exchange(source, scatter_dim, gather_dim, _group(group))
+    # A fresh contiguous tensor, as the fake says (inductor checks the strides); never the input itself.
+    return out.clone(memory_format=torch.contiguous_format) if out is source or not out.is_contiguous() else out
 
 
 @all_to_all_op.register_fake

@@ -9,6 +9,7 @@ section, and Domino's communication hiding (tp_overlap_comm).
 from . import ops  # registers torch.ops.dstp.* (the autotp pass's graph operators)
 from ._version import __version__
 from .apply import TensorParallelModel, parallelize, param_infos, plan_for, state_of
+from .autotp_pass import AutoTPRuntime, compile_autotp, insert_tp_collectives, uncompile_autotp
 from .comm import CommClock, TensorGroup
 from .compiled import defer_collectives_to_compiler, restore_collectives
 from .errors import TensorParallelError
@@ -25,6 +26,7 @@ from .vocab import VocabParallelCausalLMLoss, vocab_parallel_cross_entropy
 
 __all__ = [
     "PRESETS",
+    "AutoTPRuntime",
     "ColumnParallelLinear",
     "CommClock",
     "HalfBatchOverlap",
@@ -40,7 +42,9 @@ __all__ = [
     "VocabParallelCausalLMLoss",
     "__version__",
     "build_plan",
+    "compile_autotp",
     "defer_collectives_to_compiler",
+    "insert_tp_collectives",
     "merge_shards",
     "ops",
     "parallelize",
@@ -53,5 +57,6 @@ __all__ = [
     "specs_from_config",
     "specs_from_hf_plan",
     "state_of",
+    "uncompile_autotp",
     "vocab_parallel_cross_entropy",
 ]

@@ -51,7 +51,7 @@ def reduce_from_region_op(y: torch.Tensor, group: str) -> torch.Tensor:
 
 @reduce_from_region_op.register_fake
 def _reduce_shape(y: torch.Tensor, group: str) -> torch.Tensor:
-    return torch.empty_like(y)
+    return y.new_empty(y.shape)  # contiguous, as the all-reduced copy is
 
 
 @torch.library.custom_op("dstp::all_reduce_gradient", mutates_args=())
@@ -61,7 +61,7 @@ def _all_reduce_gradient_op(grad: torch.Tensor, group: str) -> torch.Tensor:
 
 @_all_reduce_gradient_op.register_fake
 def _gradient_shape(grad: torch.Tensor, group: str) -> torch.Tensor:
-    return torch.empty_like(grad)
+    return grad.new_empty(grad.shape)  # contiguous, as the all-reduced copy is
 
 
 def _keep_group(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:

@@ -7,6 +7,7 @@ checkpoints that load at any world size.
 
 from ._version import __version__
 from .checkpoint import convert_zero_checkpoint_to_fp32_state_dict, get_fp32_state_dict_from_zero_checkpoint
+from .compiler_controls import CompilerControls
 from .errors import CheckpointError, ZeroConfigError, ZeroError
 from .estimators import (
     estimate_zero2_model_states_mem_needs_all_cold,
@@ -24,6 +25,7 @@ from .held import HeldParameters
 from .inference import ZeroInference
 from .init import Init
 from .layout import GroupLayout, Slot
+from .leaf_modules import get_z3_leaf_modules, set_z3_leaf_modules, unset_z3_leaf_modules
 from .offload.resources import check_offload_resources
 from .optimizer import ZeroOptimizer
 from .precision import DynamicLossScaler, LossScaler, Precision
@@ -35,6 +37,7 @@ from .zeropp import ZeroPPSettings
 
 __all__ = [
     "CheckpointError",
+    "CompilerControls",
     "DynamicLossScaler",
     "GatheredParameters",
     "GroupLayout",
@@ -60,8 +63,11 @@ __all__ = [
     "estimate_zero3_model_states_mem_needs_all_cold",
     "estimate_zero3_model_states_mem_needs_all_live",
     "get_fp32_state_dict_from_zero_checkpoint",
+    "get_z3_leaf_modules",
     "safe_get_full_fp32_param",
     "safe_get_full_grad",
     "safe_get_full_optimizer_state",
     "safe_set_full_fp32_param",
+    "set_z3_leaf_modules",
+    "unset_z3_leaf_modules",
 ]

@@ -11,3 +11,8 @@ class ZeroConfigError(ZeroError, ValueError):
 
 class CheckpointError(ZeroError):
     """A checkpoint that cannot be written or read: missing shard, wrong model, incomplete save."""
+
+
+class UnusedParametersError(ZeroError, AssertionError):
+    """Parameters got no gradient while zero_optimization.ignore_unused_parameters is false. An AssertionError too:
+    DeepSpeed raises that type here, and scripts catch it."""

@@ -23,7 +23,7 @@ from dsconfig import ZeroConfig
 
 from .init import param_offload
 from .offload.param_homes import ParamHomes
-from .stage3 import FUSED_MODULES, Unit
+from .stage3 import Unit, gathered_whole
 
 
 class ZeroInference:
@@ -38,7 +38,7 @@ class ZeroInference:
         for sub in module.modules():
             if id(sub) in covered:
                 continue
-            if isinstance(sub, FUSED_MODULES):  # its forward reads its children's weights without calling them
+            if gathered_whole(sub):  # its forward reads its children's weights without calling them, or is a leaf
                 covered.update(id(m) for m in sub.modules() if m is not sub)
                 named = list(sub.named_parameters())
             else:

@@ -23,7 +23,7 @@ import dscomm
 from dsconfig import ZeroConfig, resolve_auto
 
 from . import fragments
-from .errors import ZeroConfigError, ZeroError
+from .errors import UnusedParametersError, ZeroConfigError, ZeroError
 from .flat import FlatGroup
 from .layout import GroupLayout
 from .offload.optimizer_swap import SwappedStep
@@ -317,6 +317,31 @@ class ZeroOptimizer:
                 if flat.separate_master:
                     flat.master.copy_(flat.model_shard())
 
+    # DeepSpeed's names for this rank's fp32 master partitions, one per flat group (stages 0-2: a parameter group;
+    # stage 3: a module's unit), as DeepSpeed's wrappers expose them at each stage. Under optimizer offload
+    # they are the CPU masters (NVMe: while resident).
+    @property
+    def master_partitions(self) -> list[torch.Tensor]:
+        return [group.master for group in self.groups if group.master is not None]
+
+    @property
+    def single_partition_of_fp32_groups(self) -> list[torch.Tensor]:  # DeepSpeedZeroOptimizer (stages 1-2)
+        return self.master_partitions
+
+    @property
+    def fp32_partitioned_groups_flat(self) -> list[torch.Tensor]:  # DeepSpeedZeroOptimizer_Stage3
+        return self.master_partitions
+
+    @property
+    def fp32_groups_flat(self) -> list[torch.Tensor]:  # FP16_Optimizer / BF16_Optimizer (stage 0)
+        return self.master_partitions
+
+    def empty_partition_cache(self) -> None:
+        """Stage 3: release the parameters left gathered (DeepSpeed's engine.empty_partition_cache); a no-op
+        below stage 3, where parameters are never partitioned."""
+        if self.partitions_parameters:
+            self.reducer.release_gathered()
+
     @property
     def param_groups(self) -> list[dict[str, Any]]:
         """The wrapped optimizer's parameter groups (lr, betas, ...), as torch optimizers expose them."""
@@ -371,7 +396,7 @@ class ZeroOptimizer:
         if self.stage == 2 and not self.config.ignore_unused_parameters:
             unused = self.reducer.without_gradients()
             if unused:
-                raise ZeroError(f"zero_optimization.ignore_unused_parameters is false and {len(unused)} parameter(s) "
+                raise UnusedParametersError(f"zero_optimization.ignore_unused_parameters is false and {len(unused)} parameter(s) "
                                 f"got no gradient in this step (first: {', '.join(unused[:3])}); set it to true (the "
                                 f"default) to train on, or use every parameter in the forward")
         shards = self.reducer.reduce()

@@ -60,6 +60,17 @@ class FlatReducer:
         self.fold_into[id(param)].add_(param.grad.reshape(-1))  # cast into the accumulation dtype
         param.grad = None
 
+    def accept_gradient(self, param: torch.nn.Parameter, grad: torch.Tensor) -> None:
+        """A gradient a compiled backward hands over instead of returning it: accumulated as autograd
+        would have (read now; its memory may be reused once this returns)."""
+        fold = self.fold_into.get(id(param))
+        if fold is not None:
+            fold.add_(grad.reshape(-1))
+        elif param.grad is None:
+            param.grad = grad.detach().clone()
+        else:
+            param.grad.add_(grad)
+
     def set_sync(self, enabled: bool) -> None:
         pass  # nothing is communicated before the step anyway
 
@@ -210,6 +221,21 @@ class BucketReducer:
         self.buckets.append(bucket)
 
     # ------------------------------------------------------------------ during backward
+    def accept_gradient(self, param: torch.nn.Parameter, grad: torch.Tensor) -> None:
+        """A gradient a compiled backward hands over instead of returning it: accumulated into `.grad` and
+        bucketed as autograd's would be (read now or copied: its memory may be reused once this returns)."""
+        bucket_index, _ = self.where[id(param)]
+        if param.grad is not None:
+            param.grad.add_(grad)
+        else:
+            param.grad = grad.detach()
+        if self.sync and bucket_index < self.launcher.next:  # its bucket was reduced already (two graphs use it)
+            self._launch(self.buckets[bucket_index])
+            return
+        self._on_grad(param)
+        if param.grad is not None and param.grad.data_ptr() == grad.data_ptr():  # its bucket waits: keep a copy
+            param.grad = grad.detach().clone()
+
     def _on_grad(self, param: torch.nn.Parameter) -> None:
         self.got_grad.add(id(param))
         if not self.sync:

@@ -25,6 +25,7 @@ import dscomm
 
 from .errors import ZeroError
 from .layout import GroupLayout
+from .leaf_modules import z3_leaf_module
 from .offload.param_homes import DeviceHome
 from .offload.pinned import host_copy
 from .ordered import InOrderLauncher, weakly
@@ -40,6 +41,12 @@ warnings.filterwarnings("ignore", message="Full backward hook is firing when gra
 
 # Modules whose forward uses their children's parameters directly (not by calling the children).
 FUSED_MODULES: tuple[type, ...] = (torch.nn.MultiheadAttention,)
+
+
+def gathered_whole(module: torch.nn.Module) -> bool:
+    """Whether stage 3 gathers all of `module`'s parameters (its children's too) as one unit at its forward: a
+    fused module, or one marked as a leaf (set_z3_leaf_modules)."""
+    return isinstance(module, FUSED_MODULES) or z3_leaf_module(module)
 
 
 class Unit:
@@ -173,6 +180,30 @@ class Unit:
         self.home.done()  # the shard's fetched copy (an NVMe read buffer) may go only now
         self._publish_status()
 
+    def gather_into(self, full: torch.Tensor, async_op: bool = False) -> Any:
+        """All-gather the unit's whole flat weights (padded) into `full`, a buffer the caller owns, leaving
+        the unit's own buffer as it is: how a compiled graph gets whole parameters whose memory it frees
+        itself. With async_op, returns what to wait() on before reading `full`."""
+        shard = self.home.fetch()
+        handle = gather_shards(full, shard, self.group, async_op=async_op, log_name="zero3_gather")
+        self.gather_count += 1
+        if handle is None:
+            self.home.done()
+            return None
+        return _HomeRelease(handle, self.home)
+
+    def set_persistent(self, persistent: bool) -> None:
+        """Keep the unit gathered from now on (a compiler's selective gather), or partition it again."""
+        if persistent == self.persistent:
+            return
+        if self.gathered and self.tally is not None:  # persistent units are not counted as live
+            self.tally[0] += -self.layout.padded_numel if persistent else self.layout.padded_numel
+        self.persistent = persistent
+        if persistent:
+            self.gather()
+        else:
+            self.release()
+
     def release(self) -> None:
         if self.pending is not None:
             self._finish()  # the collective writes into the buffer until then
@@ -214,6 +245,19 @@ class Unit:
 
     def gathered_bytes(self) -> int:
         return self.model_flat.numel() * self.model_flat.element_size() if self.gathered else 0
+
+
+class _HomeRelease:
+    """An async gather's handles; the shard's fetched copy goes back to its home once they are done."""
+
+    def __init__(self, handle: Any, home: Any):
+        self.handle, self.home = handle, home
+
+    def wait(self) -> None:
+        if self.handle is not None:
+            self.handle.wait()
+            self.handle = None
+            self.home.done()
 
 
 def full_shape(param: torch.Tensor) -> tuple[int, ...]:
@@ -273,6 +317,9 @@ class Stage3:
         self.units: list[Unit] = []
         self.live = [0]  # elements of partitioned units gathered now, kept by the units themselves (Unit.tally)
         self.units_of_module: dict[int, list[Unit]] = {}
+        self.hooked_modules: list[torch.nn.Module] = []  # the modules whose hooks gather their units
+        self.module_hook_handles: list[Any] = []
+        self.handed: dict[int, torch.Tensor] = {}  # id(param) -> gradient handed over by accept_gradient
         self.unit_of_param: dict[int, Unit] = {}
         per_group: list[list[Unit]] = [[] for _ in optimizer.param_groups]
         covered: set[int] = set()
@@ -280,9 +327,13 @@ class Stage3:
         for submodule in module.modules():
             if id(submodule) in covered:
                 continue
-            if isinstance(submodule, FUSED_MODULES):
-                # Its forward reads its children's weights without calling them: one unit for all.
+            if gathered_whole(submodule):
+                # Its forward reads its children's weights without calling them (or calls them in an order that
+                # varies, a leaf): one unit for all.
                 fused_members[id(submodule)] = list(submodule.parameters())
+                if z3_leaf_module(submodule):
+                    for p in fused_members[id(submodule)]:
+                        p.ds_z3_leaf_module = submodule  # DeepSpeed's mark (z3_leaf_parameter)
                 covered.update(id(m) for m in submodule.modules() if m is not submodule)
         for submodule in module.modules():
             if id(submodule) in covered:
@@ -314,9 +365,8 @@ class Stage3:
                     for p in params if id(p) in self.unit_of_param}
             if used:
                 self.units_of_module[id(submodule)] = list(used.values())
-                submodule.register_forward_pre_hook(self._before_forward)
-                submodule.register_forward_hook(self._after_forward)
-                submodule.register_full_backward_pre_hook(self._before_backward)
+                self.hooked_modules.append(submodule)
+        self.restore_module_hooks()
         left_out = [n for n, p in module.named_parameters()
                     if getattr(getattr(p, "_dszero_unit", None), "partition_only", False)]
         if left_out:
@@ -331,9 +381,46 @@ class Stage3:
         self.unit_by_key = {id(u): u for u in self.units}
         self.launcher = InOrderLauncher([len(u.params) for u in self.order], lambda i: self._reduce(self.order[i]),
                                         self._release_all)
+        self.position_of: dict[int, tuple[int, int]] = {}  # id(param) -> (position in self.order, index in unit)
         for position, unit in enumerate(self.order):
             for index, param in enumerate(unit.params):
+                self.position_of[id(param)] = (position, index)
                 param.register_post_accumulate_grad_hook(self._grad_hook(position, index))
+
+    # ------------------------------------------------------------------ controls for a compiler (dscompile)
+    def remove_module_hooks(self) -> None:
+        """Stop gathering and releasing from module hooks (a compiled graph does it, and torch.compile breaks
+        its graph at every module with a backward hook); gradients are still reduced from their hooks."""
+        for handle in self.module_hook_handles:
+            handle.remove()
+        self.module_hook_handles = []
+
+    def restore_module_hooks(self) -> None:
+        """Gather and release from module hooks again (eager ZeRO-3; the default)."""
+        if self.module_hook_handles:
+            return
+        for submodule in self.hooked_modules:
+            self.module_hook_handles += [submodule.register_forward_pre_hook(self._before_forward),
+                                         submodule.register_forward_hook(self._after_forward),
+                                         submodule.register_full_backward_pre_hook(self._before_backward)]
+
+    def accept_gradient(self, param: torch.nn.Parameter, grad: torch.Tensor) -> None:
+        """A gradient computed outside autograd's accumulation (a compiled backward that hands each one over
+        instead of returning it): reduced with its unit, in the same fixed order as the hooks' gradients.
+        `grad` is read now or copied: its memory may be reused as soon as this returns."""
+        key = id(param)
+        position, index = self.position_of[key]
+        held = self.handed.get(key)
+        if held is not None:
+            held.add_(grad)
+        else:
+            self.handed[key] = grad
+        if position < self.launcher.next:  # a second gradient after its unit was reduced (two graphs use it)
+            self._reduce(self.order[position])
+            return
+        self.launcher.mark_ready(position, index)
+        if held is None and self.handed.get(key) is grad:  # its unit waits for earlier ones: keep a copy
+            self.handed[key] = grad.clone()
 
     # ------------------------------------------------------------------ hooks
     def _need(self, module, forward: bool) -> None:
@@ -439,6 +526,11 @@ class Stage3:
             mark(position, index)
         return hook
 
+    def release_gathered(self) -> None:
+        """Release every gathered parameter that is not persistent or held (between steps: what a step's
+        forward left gathered, the prefetch's reads included)."""
+        self._release_all()
+
     def _release_all(self) -> None:
         for unit in self.units:
             unit.release()
@@ -453,9 +545,14 @@ class Stage3:
         # Gradients are cast into the wire dtype as they are copied, and into the shard's as they are added.
         flat = torch.zeros(unit.layout.padded_numel, dtype=self.wire_dtype or unit.dtype, device=unit.grad_shard.device)
         for param, slot in zip(unit.params, unit.layout.slots):
+            handed = self.handed.pop(id(param), None)
             if param.grad is not None:
                 flat[slot.offset:slot.end].copy_(param.grad.reshape(-1))
                 param.grad = None
+                if handed is not None:
+                    flat[slot.offset:slot.end].add_(handed.reshape(-1))
+            elif handed is not None:
+                flat[slot.offset:slot.end].copy_(handed.reshape(-1))
         world = unit.layout.world_size
         divisor = (unit.average_over or world) if self.average else 1
         averaged = self.average and divisor == world  # the collective averages over its own ranks
@@ -477,6 +574,7 @@ class Stage3:
         return [u.grad_shard for u in self.units]
 
     def zero(self) -> None:
+        self.handed.clear()
         for unit in self.units:
             unit.grad_shard.zero_()
             for param in unit.params:

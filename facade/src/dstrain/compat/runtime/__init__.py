@@ -7,5 +7,6 @@ from ..lazy import submodule_attributes
 
 __getattr__ = submodule_attributes(__name__, {
     "config": ".config", "dataloader": ".dataloader", "lr_schedules": ".lr_schedules", "utils": ".utils",
-    "zero": ".zero", "domino": ".domino", "engine": "dstrain.engine",
+    "zero": ".zero", "domino": ".domino", "engine": "dstrain.engine", "fp16": ".fp16",
+    "bf16_optimizer": ".bf16_optimizer",
 }, "deepspeed.runtime")

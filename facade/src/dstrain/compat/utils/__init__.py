@@ -1,6 +1,7 @@
 """`dstrain.utils`: DeepSpeed's `deepspeed.utils` names that training scripts import.
 
     from dstrain.utils import logger, log_dist, RepeatingLoader, groups, safe_get_full_fp32_param
+    from dstrain.utils import set_z3_leaf_modules    # ZeRO-3 leaf modules (dszero.leaf_modules)
 """
 
 from __future__ import annotations
@@ -11,10 +12,20 @@ from collections.abc import Iterable
 from dscomm import groups
 from dsmonitor import SynchronizedWallClockTimer
 from dszero import (
+    get_z3_leaf_modules,
     safe_get_full_fp32_param,
     safe_get_full_grad,
     safe_get_full_optimizer_state,
     safe_set_full_fp32_param,
+    set_z3_leaf_modules,
+    unset_z3_leaf_modules,
+)
+from dszero.leaf_modules import (
+    set_z3_leaf_module,
+    set_z3_leaf_modules_by_name,
+    set_z3_leaf_modules_by_suffix,
+    z3_leaf_module,
+    z3_leaf_parameter,
 )
 
 from ...engine.dataloader import RepeatingLoader
@@ -31,5 +42,7 @@ def log_dist(message: str, ranks: Iterable[int] | None = None, level: int = logg
         logger.log(level, f"[Rank {rank}] {message}")
 
 
-__all__ = ["RepeatingLoader", "SynchronizedWallClockTimer", "groups", "log_dist", "logger", "safe_get_full_fp32_param",
-           "safe_get_full_grad", "safe_get_full_optimizer_state", "safe_set_full_fp32_param"]
+__all__ = ["RepeatingLoader", "SynchronizedWallClockTimer", "get_z3_leaf_modules", "groups", "log_dist", "logger",
+           "safe_get_full_fp32_param", "safe_get_full_grad", "safe_get_full_optimizer_state", "safe_set_full_fp32_param",
+           "set_z3_leaf_module", "set_z3_leaf_modules", "set_z3_leaf_modules_by_name", "set_z3_leaf_modules_by_suffix",
+           "unset_z3_leaf_modules", "z3_leaf_module", "z3_leaf_parameter"]

@@ -51,10 +51,23 @@ class CheckpointConfig:
 
 @attrs.frozen
 class CompileConfig:
-    deepcompile: bool = setting(False, "Enable DeepCompile.")
-    passes: list[Literal["autosp", "autotp"]] = section(list, "Compiler passes to apply.")
+    deepcompile: bool = setting(False, "Enable DeepCompile: ZeRO's collectives scheduled by the compiler.")
+    passes: list[Literal["z1", "z3", "autosp", "autotp"]] = section(list, "Compiler passes to apply.")
+    free_activation: bool = setting(False, "Free activations in backward right after their last use.")
+    free_activation_threshold: int = setting(10 * 1024 * 1024, "Bytes from which free_activation frees one.",
+                                             ge=0)
     offload_activation: bool = setting(False, "DeepCompile activation offload (needs a custom schedule).")
     offload_activation_pin_memory: bool = setting(True, "Pin host buffers of activation offload.")
+    offload_opt_states: bool = setting(False, "Move optimizer states to host memory during forward/backward.")
+    offload_parameters: bool = setting(False, "Move parameter shards to host memory between their uses.")
+    double_buffer: bool = setting(True, "Reduce gradients through two alternating buffers (overlap).")
+    debug_log: bool = setting(False, "Log every graph before and after the passes (rank 0).")
+    sync_before_reduce: bool = setting(False, "Synchronise before each gradient reduction.")
+    sync_after_reduce: bool = setting(False, "Synchronise after each gradient reduction.")
+    sync_before_allgather: bool = setting(False, "Synchronise before each parameter all-gather.")
+    sync_after_allgather: bool = setting(False, "Synchronise after each parameter all-gather.")
+    keep_int_input_tensors: bool = setting(True, "The profiling run keeps integer graph inputs' real values.")
+    keep_all_input_tensors: bool = setting(False, "The profiling run keeps every graph input's real values.")
 
 
 @attrs.frozen

@@ -3,6 +3,7 @@
     opt = dszero.ops.CPUAdam(model.parameters(), lr=1e-3, weight_decay=0.01)  # AdamW by default
 """
 
+from .cpu_adagrad_lion import CPUAdagrad, CPULion, DeepSpeedCPUAdagrad, DeepSpeedCPULion, FusedLion
 from .cpu_adam import CPUAdam, cpu_adam_step, native_available
 from .fused_adam import FusedAdam
 
@@ -17,4 +18,5 @@ class DeepSpeedCPUAdam(CPUAdam):
                          adamw_mode=adamw_mode, bias_correction=bias_correction,
                          fp32_optimizer_states=fp32_optimizer_states)
 
-__all__ = ["CPUAdam", "DeepSpeedCPUAdam", "FusedAdam", "cpu_adam_step", "native_available"]
+__all__ = ["CPUAdagrad", "CPUAdam", "CPULion", "DeepSpeedCPUAdagrad", "DeepSpeedCPUAdam", "DeepSpeedCPULion", "FusedAdam",
+           "FusedLion", "cpu_adam_step", "native_available"]

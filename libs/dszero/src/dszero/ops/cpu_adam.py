@@ -197,47 +197,138 @@ class CPUAdam(torch.optim.Optimizer):
         kernel = _kernel()
         threads = torch.get_num_threads()
         for index, group in enumerate(self.param_groups):
-            beta1, beta2 = group["betas"]
-            lr, eps, weight_decay = group["lr"], group["eps"], group["weight_decay"]
-            adamw_mode = group.get("adamw_mode", self.defaults["adamw_mode"])
-            bias_correction = group.get("bias_correction", self.defaults["bias_correction"])
-            fp32_states = group.get("fp32_optimizer_states", self.defaults["fp32_optimizer_states"])
             rest: tuple[list, ...] = ([], [], [], [], [], [])  # for the foreach path
             for position, p in enumerate(group["params"]):
                 if p.grad is None:
                     continue
-                self._check_param(index, position, p)
-                if p.grad.is_sparse:
-                    raise ZeroConfigError("CPUAdam: sparse gradients are not supported; use torch.optim.SparseAdam")
                 state = self.state[p]
                 if not state:
                     # torch.optim.Adam's layout, so state dicts load into either optimizer.
-                    state_dtype = torch.float32 if fp32_states else p.dtype
+                    self._init_state(state, group, p)
                     state["step"] = torch.zeros((), dtype=torch.float32)
-                    state["exp_avg"] = torch.zeros_like(p, dtype=state_dtype, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, dtype=state_dtype, memory_format=torch.preserve_format)
                 elif not torch.is_tensor(state["step"]):
                     state["step"] = torch.tensor(float(state["step"]), dtype=torch.float32)
                 state["step"] += 1
-                step = int(state["step"].item())
-                exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-                # A low-precision parameter is updated in a float32 copy and written back rounded, in one pass.
-                low = p if p.dtype != torch.float32 else None
-                work = p.float() if low is not None else p
-                grad = p.grad if p.grad.dtype in _STATE_DTYPES else p.grad.float()
-                native_ok = (kernel is not None and p.is_contiguous() and exp_avg.is_contiguous()
-                             and exp_avg_sq.is_contiguous() and exp_avg.dtype in _STATE_DTYPES
-                             and exp_avg_sq.dtype == exp_avg.dtype)
-                if native_ok:
-                    grad = grad if grad.is_contiguous() else grad.contiguous()
-                    kernel.adam_step(work.data_ptr(), grad.data_ptr(), _CODES[grad.dtype], exp_avg.data_ptr(),
-                                     exp_avg_sq.data_ptr(), _CODES[exp_avg.dtype],
-                                     0 if low is None else low.data_ptr(), _NO_COPY if low is None else _CODES[low.dtype],
-                                     p.numel(), step, lr, beta1, beta2, eps, weight_decay, adamw_mode,
-                                     bias_correction, threads)
-                else:  # no kernel, a strided param (channels_last...) the flat kernel cannot walk, or fp16 moments
-                    for items, item in zip(rest, (work, grad, exp_avg, exp_avg_sq, step, low)):
-                        items.append(item)
-            if rest[0]:
-                _foreach_adam(*rest[:5], lr, beta1, beta2, eps, weight_decay, adamw_mode, bias_correction, rest[5])
+                self._update(index, position, group, p, state, int(state["step"].item()), kernel, threads, rest)
+            self._finish_foreach(group, rest)
         return loss
+
+    @torch.no_grad()
+    def step_subgroup(self, subgroup_id: int, closure=None):
+        """One step of the parameter (a flat partition) in the groups now, with the moments and step count kept
+        under `subgroup_id` instead of under the parameter (DeepSpeed's step_subgroup: ZeRO-3's offloaded sub-groups
+        swap their partition into param_groups and step it)."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        index, position, group, p = self._subgroup_param(subgroup_id, "step_subgroup")
+        state = self.state[subgroup_id]
+        if not state:
+            self._init_state(state, group, p)
+            state["step"] = 0
+        elif state["exp_avg"].shape != p.shape:
+            raise ZeroConfigError(f"CPUAdam.step_subgroup({subgroup_id}): its moments have shape "
+                                  f"{tuple(state['exp_avg'].shape)} but the parameter stepped now has "
+                                  f"{tuple(p.shape)}; a sub-group keeps one partition")
+        state["step"] += 1
+        rest: tuple[list, ...] = ([], [], [], [], [], [])
+        self._update(index, position, group, p, state, state["step"], _kernel(), torch.get_num_threads(), rest)
+        self._finish_foreach(group, rest)
+        return loss
+
+    @torch.no_grad()
+    def rollback_subgroup(self, sub_group_id: int, closure=None):
+        """Undo the last step_subgroup of `sub_group_id` from the parameter's current gradient: the parameter, both
+        moments and the step count return to what they were before it (to rounding), as DeepSpeed's
+        rollback_subgroup does when a speculative step must be taken back."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        state = self.state.get(sub_group_id)
+        if not state:
+            raise RuntimeError(f"Cannot rollback optimizer state for sub_group_id {sub_group_id} as it has not "
+                               f"been initialized (no step_subgroup({sub_group_id}) ran)")
+        if state.get("step", 0) <= 0:
+            raise RuntimeError(f"Cannot rollback sub_group_id {sub_group_id}: step count is {state.get('step', 0)}")
+        _, _, group, p = self._subgroup_param(sub_group_id, "rollback_subgroup")
+        _adam_rollback(p, p.grad, state["exp_avg"], state["exp_avg_sq"], int(state["step"]), group["lr"],
+                       *group["betas"], group["eps"], group["weight_decay"],
+                       group.get("adamw_mode", self.defaults["adamw_mode"]),
+                       group.get("bias_correction", self.defaults["bias_correction"]))
+        state["step"] -= 1
+        return loss
+
+    # ------------------------------------------------------------------ helpers
+    def _init_state(self, state: dict, group: dict, p: torch.Tensor) -> None:
+        fp32_states = group.get("fp32_optimizer_states", self.defaults["fp32_optimizer_states"])
+        state_dtype = torch.float32 if fp32_states else p.dtype
+        state["exp_avg"] = torch.zeros_like(p, dtype=state_dtype, memory_format=torch.preserve_format)
+        state["exp_avg_sq"] = torch.zeros_like(p, dtype=state_dtype, memory_format=torch.preserve_format)
+
+    def _subgroup_param(self, subgroup_id: int, method: str) -> tuple[int, int, dict, torch.Tensor]:
+        """The one parameter with a gradient in the groups: a sub-group's flat partition."""
+        found = [(index, position, group, p) for index, group in enumerate(self.param_groups)
+                 for position, p in enumerate(group["params"]) if p.grad is not None]
+        if len(found) != 1:
+            raise ZeroConfigError(f"CPUAdam.{method}({subgroup_id}): a sub-group is one flat partition, but "
+                                  f"{len(found)} parameters in param_groups have a gradient; put the sub-group's "
+                                  f"partition (with its .grad) alone in param_groups first")
+        index, position, _group, p = found[0]
+        self._check_param(index, position, p)
+        return found[0]
+
+    def _update(self, index: int, position: int, group: dict, p: torch.Tensor, state: dict, step: int, kernel,
+                threads: int, rest: tuple[list, ...]) -> None:
+        self._check_param(index, position, p)
+        if p.grad.is_sparse:
+            raise ZeroConfigError("CPUAdam: sparse gradients are not supported; use torch.optim.SparseAdam")
+        beta1, beta2 = group["betas"]
+        exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+        # A low-precision parameter is updated in a float32 copy and written back rounded, in one pass.
+        low = p if p.dtype != torch.float32 else None
+        work = p.float() if low is not None else p
+        grad = p.grad if p.grad.dtype in _STATE_DTYPES else p.grad.float()
+        native_ok = (kernel is not None and p.is_contiguous() and exp_avg.is_contiguous()
+                     and exp_avg_sq.is_contiguous() and exp_avg.dtype in _STATE_DTYPES
+                     and exp_avg_sq.dtype == exp_avg.dtype)
+        if native_ok:
+            grad = grad if grad.is_contiguous() else grad.contiguous()
+            kernel.adam_step(work.data_ptr(), grad.data_ptr(), _CODES[grad.dtype], exp_avg.data_ptr(),
+                             exp_avg_sq.data_ptr(), _CODES[exp_avg.dtype],
+                             0 if low is None else low.data_ptr(), _NO_COPY if low is None else _CODES[low.dtype],
+                             p.numel(), step, group["lr"], beta1, beta2, group["eps"], group["weight_decay"],
+                             group.get("adamw_mode", self.defaults["adamw_mode"]),
+                             group.get("bias_correction", self.defaults["bias_correction"]), threads)
+        else:  # no kernel, a strided param (channels_last...) the flat kernel cannot walk, or fp16 moments
+            for items, item in zip(rest, (work, grad, exp_avg, exp_avg_sq, step, low)):
+                items.append(item)
+
+    def _finish_foreach(self, group: dict, rest: tuple[list, ...]) -> None:
+        if rest[0]:
+            beta1, beta2 = group["betas"]
+            _foreach_adam(*rest[:5], group["lr"], beta1, beta2, group["eps"], group["weight_decay"],
+                          group.get("adamw_mode", self.defaults["adamw_mode"]),
+                          group.get("bias_correction", self.defaults["bias_correction"]), rest[5])
+
+
+def _adam_rollback(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
+                   step: int, lr: float, beta1: float, beta2: float, eps: float, weight_decay: float,
+                   adamw_mode: bool, bias_correction: bool) -> None:
+    """The inverse of one Adam/AdamW step (the kernel's arithmetic run backwards, in float32), in place."""
+    work, g = param.float(), grad.float()
+    avg, avg_sq = exp_avg.float(), exp_avg_sq.float()
+    bc1 = 1.0 - beta1**step if bias_correction else 1.0
+    bc2_sqrt = (1.0 - beta2**step) ** 0.5 if bias_correction else 1.0
+    work = work + (lr / bc1) * avg / (avg_sq.sqrt() / bc2_sqrt + eps)
+    if weight_decay != 0.0:
+        if adamw_mode:
+            work = work / (1.0 - lr * weight_decay)
+        else:
+            g = g + weight_decay * work  # the gradient the step saw included the decay of the parameter before it
+    avg = (avg - (1.0 - beta1) * g) / beta1
+    avg_sq = ((avg_sq - (1.0 - beta2) * g * g) / beta2).clamp_(min=0.0)
+    param.copy_(work)
+    exp_avg.copy_(avg)
+    exp_avg_sq.copy_(avg_sq)
