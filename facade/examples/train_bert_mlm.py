@@ -73,9 +73,9 @@ def main() -> None:
     ds_config = json.loads(Path(args.deepspeed_config).read_text()) if args.deepspeed_config else {}
     if args.deepspeed_transformer_kernel:
         refuse_sparse_attention(ds_config, source=args.deepspeed_config)
+    deepspeed.init_distributed()  # first: under mpirun it also sets LOCAL_WORLD_SIZE from MPI's variables
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))  # ranks share this machine's cores
-    deepspeed.init_distributed()
     rank = deepspeed.comm.get_rank()
     torch.manual_seed(args.seed)
 

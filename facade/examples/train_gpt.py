@@ -43,9 +43,9 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
+    deepspeed.init_distributed()  # first: under mpirun it also sets LOCAL_WORLD_SIZE from MPI's variables
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))  # ranks share this machine's cores
-    deepspeed.init_distributed()
     rank = deepspeed.comm.get_rank()
     torch.manual_seed(args.seed)
 
@@ -54,6 +54,7 @@ def main() -> None:
     train_data, val_data = CharWindows(text[:split], args.seq), CharWindows(text[split:], args.seq)
     model = GPT(seq=args.seq, d_model=args.d_model, layers=args.layers, heads=args.heads,
                 checkpoint_fn=deepspeed.checkpointing.checkpoint if args.activation_checkpointing else None)
+    params = sum(p.numel() for p in model.parameters())  # counted before ZeRO-3 partitions them
     engine, _, loader, _ = deepspeed.initialize(args=args, model=model, model_parameters=model.parameters(),
                                                 training_data=train_data)
     config_name = Path(args.deepspeed_config).stem if args.deepspeed_config else "config"
@@ -63,7 +64,6 @@ def main() -> None:
         if path is None and rank == 0:
             print(f"--resume: no checkpoint in {ckpt_dir} yet; starting from step 0", flush=True)
     if rank == 0:
-        params = sum(p.numel() for p in model.parameters())
         print(f"model: {params / 1e6:.2f}M parameters; corpus: {len(text) / 1e6:.1f} MB of Python source, "
               f"{len(train_data)} training windows of {args.seq} characters", flush=True)
 

@@ -74,7 +74,8 @@ class MoEGPT(nn.Module):
         self.embed = nn.Embedding(256, d)
         self.pos = nn.Embedding(args.seq, d)
         moe_layers = deepspeed.moe.pyramid_layers(
-            d, lambda: nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d)), num_experts,
+            d, lambda: nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d)),
+            num_experts[0] if len(num_experts) == 1 else num_experts,  # one count: every MoE layer's
             num_layers=layers // 2, ep_size=args.ep_size, mlp_type=mlp_type, k=args.top_k,
             capacity_factor=args.capacity_factor, eval_capacity_factor=args.capacity_factor, min_capacity=4)
         moe = iter(moe_layers)
@@ -133,9 +134,9 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
+    deepspeed.init_distributed()  # first: under mpirun it also sets LOCAL_WORLD_SIZE from MPI's variables
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))  # ranks share this machine's cores
-    deepspeed.init_distributed()
     rank = deepspeed.comm.get_rank()
     torch.manual_seed(args.seed)
 

@@ -64,9 +64,9 @@ def token_logprobs(logits: torch.Tensor, sequences: torch.Tensor, answer_from: i
 
 def main() -> None:
     args = parse_args()
+    deepspeed.init_distributed()  # first: under mpirun it also sets LOCAL_WORLD_SIZE from MPI's variables
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
-    deepspeed.init_distributed()
     rank = deepspeed.comm.get_rank()
 
     actor = tiny_llama(args.seed)

@@ -26,7 +26,7 @@ def test_gpt_moe_example_trains_pr_moe_then_a_student_from_it(tmp_path):
     logs = tmp_path / "runs" / "train_gpt_moe" / "logs" / "moe_ep2"
     assert (logs / "Train_Samples_moe_layer_1_expert_3_tokens.csv").is_file()
 
-    student = launch(tmp_path, "moe_ep1.json", "29572", "--ep-size", "1", "--num-experts", "2", "2", "--mos",
+    student = launch(tmp_path, "moe_ep1.json", "29572", "--ep-size", "1", "--num-experts", "2", "--mos",  # 2 per layer
                      "--load-teacher", str(checkpoint.parent), "--teacher-num-experts", "2", "4",
                      "--teacher-mlp-type", "residual", "--mos-stop-step", "2", "--steps", "3", "--out", "runs/mos")
     assert student.returncode == 0, student.stderr[-3000:]
