@@ -25,7 +25,7 @@ from .layout import GroupLayout, Slot
 from .optimizer import ZeroOptimizer
 from .precision import DynamicLossScaler, LossScaler, Precision
 from .quantize import QuantSpec
-from .stage3 import GatheredParameters
+from .units import GatheredParameters
 from .whole_tensors import TensorShards, WholeTensor
 from .zeropp import ZeroPPSettings
 

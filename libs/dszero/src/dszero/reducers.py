@@ -19,8 +19,9 @@ import torch.distributed as dist
 import dscomm
 
 from .flat import FlatGroup
+from .layout import Slot
 from .ordered import InOrderLauncher, weakly
-from .wire import reduce_scatter
+from .wire import reduce_scatter, whole_slot
 
 
 class FlatReducer:
@@ -120,6 +121,23 @@ class FlatReducer:
                     param.grad = None
             flat.zero_()
             self._reattach(group, flat)
+
+    def full_grad(self, index: int, slot: Slot, unscale: float) -> torch.Tensor:
+        """One parameter's gradient as the step will apply it (reduced, averaged, unscaled), in fp32;
+        collective over its group (the buffers are reduced only at the step, so a copy is reduced here)."""
+        group = self.groups[index]
+        local = self.grad_flats[index][slot.offset:slot.end].float().clone()
+        world = dist.get_world_size(group.group)
+        if world > 1:
+            dist.all_reduce(local, group=group.group)
+        divisor = (group.average_over or world) if self.average else 1
+        return (local / (divisor * unscale)).view(slot.shape)
+
+    def unused_parameters(self) -> list[str]:
+        return []  # not tracked: an unused parameter's gradient is its buffer's zeros, reduced like the rest
+
+    def settings(self) -> dict[str, int]:
+        return {}
 
     def buffer_bytes(self) -> int:
         return sum(f.numel() * f.element_size() for f in self.grad_flats)
@@ -292,7 +310,12 @@ class BucketReducer:
         self.finish_backward()
         return self.grad_shards
 
-    def without_gradients(self) -> list[str]:
+    def full_grad(self, index: int, slot: Slot, unscale: float) -> torch.Tensor:
+        """One parameter's reduced gradient, gathered from the shards and unscaled, in fp32 (collective)."""
+        group = self.groups[index]
+        return whole_slot(self.grad_shards[index].float(), group.layout, slot, group.group) / unscale
+
+    def unused_parameters(self) -> list[str]:
         """Names of the parameters that had no gradient since the last zero()."""
         return [name for group in self.groups for param, name in zip(group.params, group.names)
                 if id(param) not in self.got_grad]
@@ -305,6 +328,9 @@ class BucketReducer:
         for group in self.groups:
             for param in group.params:
                 param.grad = None
+
+    def settings(self) -> dict[str, int]:
+        return {"reduce_bucket_size": self.bucket_numel}
 
     def buffer_bytes(self) -> int:
         return sum(s.numel() * s.element_size() for s in self.grad_shards)

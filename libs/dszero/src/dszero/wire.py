@@ -85,3 +85,13 @@ def reduce_scatter(out: torch.Tensor, flat: torch.Tensor, group: Any, *, average
         if average:
             flat[rank * size:(rank + 1) * size].div_(world)
     return out.copy_(flat[rank * size:(rank + 1) * size])
+
+
+def whole_slot(shard: torch.Tensor, layout: Any, slot: Any, group: Any) -> torch.Tensor:
+    """A copy of one slot's elements of a flat tensor cut into `layout`'s shards over `group` (this rank's
+    `shard`), gathered from every rank of the group; collective when the layout has several shards."""
+    if layout.world_size == 1:
+        return shard[slot.offset:slot.end].view(slot.shape).clone()
+    full = torch.empty(layout.padded_numel, dtype=shard.dtype, device=shard.device)
+    gather_shards(full, shard.contiguous(), group, log_name="zero_gather_fragment")
+    return full[slot.offset:slot.end].view(slot.shape).clone()
