@@ -26,12 +26,17 @@ from .ordered import InOrderLauncher, weakly
 from .prefetch import ABSENT, BUSY, KEPT, PrefetchPlan
 from .reuse import ReusePolicy
 from .units import Unit, modules_reading
-from .wire import reduce_scatter, whole_slot
+from .wire import PendingShard, start_reduce_scatter, whole_slot
 
 # The embedding's input (token ids) never requires grad, so torch notes that its backward pre-hook
 # fires on output gradients; that is exactly what stage 3 wants, so the note is noise here.
 warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed with respect "
                                           "to module outputs since no inputs require gradients")
+
+
+# Unit reduce-scatters left running beside backward before the oldest is waited for (each holds its
+# flat gradient buffer until then); two hide each one behind the next unit's backward.
+REDUCTIONS_IN_FLIGHT = 2
 
 
 class Stage3:
@@ -58,6 +63,7 @@ class Stage3:
         self.read_ahead = PrefetchPlan(2 * self.prefetch.bucket) if nvme else None
         self.in_forward: set[int] = set()  # units whose module's forward is running
         self.in_backward: set[int] = set()  # units gathered for a backward whose gradients are not reduced yet
+        self.reducing: list[tuple[Unit, PendingShard]] = []  # reduce-scatters in flight, oldest first
         self.units = units
         self.live = [0]  # elements of partitioned units gathered now, kept by the units themselves (Unit.tally)
         for unit in units:
@@ -175,6 +181,7 @@ class Stage3:
         return hook
 
     def _release_all(self) -> None:
+        self._complete_reductions()
         for unit in self.units:
             unit.release()
         self.reuse.end_of_step()
@@ -185,30 +192,48 @@ class Stage3:
         self.in_backward.clear()
 
     def _reduce(self, unit: Unit) -> None:
-        # Gradients are cast into the wire dtype as they are copied, and into the shard's as they are added.
-        flat = torch.zeros(unit.layout.padded_numel, dtype=self.wire_dtype or unit.dtype, device=unit.grad_shard.device)
+        """The unit's gradients into a flat buffer (cast into the wire dtype as they are copied), its
+        reduce-scatter launched; the unit is released at once. The reduction runs while backward goes on,
+        and its result is added into the unit's shard (in the shard's dtype) when it completes: at the
+        latest when the next but one unit is launched, or when backward ends."""
+        flat = torch.empty(unit.layout.padded_numel, dtype=self.wire_dtype or unit.dtype, device=unit.grad_shard.device)
+        filled = 0
         for param, slot in zip(unit.params, unit.layout.slots):
             if param.grad is not None:
                 flat[slot.offset:slot.end].copy_(param.grad.reshape(-1))
                 param.grad = None
-        if self.world > 1:
-            out = torch.empty(unit.grad_shard.numel(), dtype=flat.dtype, device=flat.device)
-            if self.routes is not None:
-                unit.grad_shard.add_(self.routes.reduce_scatter(unit, out, flat, average=self.average))
             else:
-                unit.grad_shard.add_(reduce_scatter(out, flat, self.group, average=self.average,
-                                                    log_name="zero3_reduce_scatter"))
-        else:
-            unit.grad_shard.add_(flat)
+                flat[slot.offset:slot.end].zero_()
+            filled = slot.end
+        flat[filled:].zero_()  # the padding
         unit.release()
         self.reuse.released(id(unit))
         self.in_backward.discard(id(unit))
+        if self.world == 1:
+            unit.grad_shard.add_(flat)
+        elif self.routes is not None:
+            out = torch.empty(unit.grad_shard.numel(), dtype=flat.dtype, device=flat.device)
+            unit.grad_shard.add_(self.routes.reduce_scatter(unit, out, flat, average=self.average))
+        else:
+            self.reducing.append((unit, start_reduce_scatter(flat, self.group, average=self.average,
+                                                             log_name="zero3_reduce_scatter")))
+            if len(self.reducing) > REDUCTIONS_IN_FLIGHT:
+                self._complete_oldest()
+
+    def _complete_oldest(self) -> None:
+        unit, pending = self.reducing.pop(0)
+        unit.grad_shard.add_(pending.wait())
+
+    def _complete_reductions(self) -> None:
+        while self.reducing:
+            self._complete_oldest()
 
     # ------------------------------------------------------------------ for the optimizer
     def grad_shards(self) -> list[torch.Tensor]:
         return [u.grad_shard for u in self.units]
 
     def zero(self) -> None:
+        self._complete_reductions()  # none is left after a backward; this keeps a late one out of the next step
         for unit in self.units:
             unit.grad_shard.zero_()
             for param in unit.params:
@@ -224,7 +249,7 @@ class Stage3:
                             "stage 0, 1 or 2 for schedules that hold gradient sync back")
 
     def finish_backward(self) -> None:
-        pass  # nothing is left in flight: each unit's reduce-scatter completes in its hook
+        self._complete_reductions()  # backward's end completed them already; a direct call waits here
 
     def full_grad(self, index: int, slot: Slot, unscale: float) -> torch.Tensor:
         """One parameter's reduced gradient, gathered from its unit's shards and unscaled, in fp32 (collective)."""

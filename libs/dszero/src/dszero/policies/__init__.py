@@ -19,28 +19,27 @@ variant of ZeRO (a compiled schedule over stage 3's units, say) is one more row.
 
 from __future__ import annotations
 
-from typing import Any
-
 import attrs
 
 from ..errors import ZeroConfigError
 from .norm import ReplicatedNorm, ShardedNorm
 from .partition import FlatGroups, PartitionedUnits
+from .protocols import NormScope, Partition, Publish, Reducer, Reduction, SaveScope
 from .publish import GatherShards, KeepWhole, RefreshUnits
 from .reduction import ReduceAtStep, ReduceEachUnit, ReduceInBuckets
 from .save import SaveShards, SaveWhole
 
-__all__ = ["StagePolicies", "for_stage"]
+__all__ = ["NormScope", "Partition", "Publish", "Reducer", "Reduction", "SaveScope", "StagePolicies", "for_stage"]
 
 
 @attrs.frozen
 class StagePolicies:
     stage: int
-    partition: Any
-    reduction: Any
-    publish: Any
-    norm: Any
-    save: Any
+    partition: Partition
+    reduction: Reduction
+    publish: Publish
+    norm: NormScope
+    save: SaveScope
 
 
 def for_stage(stage: int) -> StagePolicies:
