@@ -196,16 +196,7 @@ class Stage3:
         reduce-scatter launched; the unit is released at once. The reduction runs while backward goes on,
         and its result is added into the unit's shard (in the shard's dtype) when it completes: at the
         latest when the next but one unit is launched, or when backward ends."""
-        flat = torch.empty(unit.layout.padded_numel, dtype=self.wire_dtype or unit.dtype, device=unit.grad_shard.device)
-        filled = 0
-        for param, slot in zip(unit.params, unit.layout.slots):
-            if param.grad is not None:
-                flat[slot.offset:slot.end].copy_(param.grad.reshape(-1))
-                param.grad = None
-            else:
-                flat[slot.offset:slot.end].zero_()
-            filled = slot.end
-        flat[filled:].zero_()  # the padding
+        flat = self._flat_gradients(unit)
         unit.release()
         self.reuse.released(id(unit))
         self.in_backward.discard(id(unit))
@@ -219,6 +210,26 @@ class Stage3:
                                                              log_name="zero3_reduce_scatter")))
             if len(self.reducing) > REDUCTIONS_IN_FLIGHT:
                 self._complete_oldest()
+
+    def _flat_gradients(self, unit: Unit) -> torch.Tensor:
+        """The unit's gradients in its flat layout and the wire dtype (padding and missing ones as zeros);
+        each parameter's .grad is dropped. A lone gradient that already has that layout is used as it is."""
+        wire = self.wire_dtype or unit.dtype
+        grad = unit.params[0].grad if len(unit.params) == 1 else None
+        if grad is not None and grad.dtype == wire and grad.is_contiguous() and grad.numel() == unit.layout.padded_numel:
+            unit.params[0].grad = None
+            return grad.view(-1)  # the embedding's or the output layer's: no copy of the largest units
+        flat = torch.empty(unit.layout.padded_numel, dtype=wire, device=unit.grad_shard.device)
+        filled = 0
+        for param, slot in zip(unit.params, unit.layout.slots):
+            if param.grad is not None:
+                flat[slot.offset:slot.end].copy_(param.grad.reshape(-1))
+                param.grad = None
+            else:
+                flat[slot.offset:slot.end].zero_()
+            filled = slot.end
+        flat[filled:].zero_()  # the padding
+        return flat
 
     def _complete_oldest(self) -> None:
         unit, pending = self.reducing.pop(0)
