@@ -186,6 +186,10 @@ def main() -> None:
             state_mb = f"{16 * params / 2**20 / (2 if kind == 'fsdp2' else 1):.0f} (formula)"
         peak = statistics.median(r["peak_rss_mb"] for r in rows[kind])
         print(f"{kind:<22}{step:>10.3f}{ratio:>8}  {by_round:<24}{peak:>20.0f}{state_mb:>24}")
+    for kind in [k for k in kinds if k + BASELINE in rows]:
+        paired = [r / b for r, b in zip(ratios[kind], ratios[kind + BASELINE])]  # same DDP run: step over step
+        print(f"{kind} / {kind}{BASELINE}: {statistics.median(paired):.3f} (by round "
+              f"{', '.join(f'{p:.3f}' for p in paired)})")
 
 
 if __name__ == "__main__":
