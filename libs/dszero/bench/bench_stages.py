@@ -165,6 +165,8 @@ def main() -> None:
                         key=lambda r: r["step_s"])
             rows[kind].append(other)
             ratios[kind].append(other["step_s"] / anchor["step_s"])
+            print(f"round {len(rows[kind])}: {kind} {other['step_s']:.3f} s, DDP {anchor['step_s']:.3f} s",
+                  file=sys.stderr, flush=True)
             if not kind.endswith(BASELINE):
                 anchor = None  # a kind and its baseline, run just before it, share one DDP run
     params = next(r for r in rows.values() if r)[0]["params"]
