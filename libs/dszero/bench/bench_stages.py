@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import resource
 import statistics
 import sys
@@ -127,17 +128,26 @@ def run(rank: int, world: int, kind: str, steps: int, baseline_src: str | None =
             zero.step()
             zero.zero_grad()
     gen = torch.Generator().manual_seed(rank)
-    times = []
+    times, cpu = [], []
     for i in range(steps + 2):  # two warm-up steps
         tokens = torch.randint(0, VOCAB, (MICRO, SEQ + 1), generator=gen)
         torch.distributed.barrier()
-        began = time.perf_counter()
+        began, cpu_began = time.perf_counter(), time.process_time()
         step(tokens)
         if i >= 2:
             times.append(time.perf_counter() - began)
+            cpu.append(time.process_time() - cpu_began)  # this rank's CPU time, its comm threads included
     states = zero.memory_report() if kind not in ("ddp", "fsdp2") else None
-    return {"step_s": statistics.median(times), "peak_rss_mb": rss_mb(), "rss_growth_mb": rss_mb() - start_rss,
+    return {"step_s": statistics.median(times), "cpu_s": statistics.median(cpu), "peak_rss_mb": rss_mb(), "rss_growth_mb": rss_mb() - start_rss,
             "params": sum(p.numel() for p in model.parameters()), "model_states": states}
+
+
+def one_run(kind: str, steps: int, baseline_src: str | None) -> dict:
+    """One configuration in freshly forked ranks: the slowest rank's step time, the ranks' mean CPU time."""
+    results = run_ranks(run, 2, kind, steps, baseline_src, timeout=3600)
+    slowest = dict(max(results, key=lambda r: r["step_s"]))
+    slowest["cpu_s"] = statistics.fmean(r["cpu_s"] for r in results)
+    return slowest
 
 
 def main() -> None:
@@ -154,18 +164,22 @@ def main() -> None:
         kinds = [k for kind in kinds for k in ([kind + BASELINE, kind] if kind.startswith(("zero", "offload"))
                                                 else [kind])]
     ratios: dict[str, list[float]] = {k: [] for k in kinds}
+    cpu_ratios: dict[str, list[float]] = {k: [] for k in kinds}
     rows: dict[str, list[dict]] = {k: [] for k in ["ddp", *kinds]}
+    loads: list[float] = []
     for _ in range(args.rounds):
         anchor = None
         for kind in kinds:
             if anchor is None:
-                anchor = max(run_ranks(run, 2, "ddp", args.steps, timeout=3600), key=lambda r: r["step_s"])
+                anchor = one_run("ddp", args.steps, None)
                 rows["ddp"].append(anchor)
-            other = max(run_ranks(run, 2, kind, args.steps, args.baseline_src, timeout=3600),
-                        key=lambda r: r["step_s"])
+            other = one_run(kind, args.steps, args.baseline_src)
             rows[kind].append(other)
             ratios[kind].append(other["step_s"] / anchor["step_s"])
-            print(f"round {len(rows[kind])}: {kind} {other['step_s']:.3f} s, DDP {anchor['step_s']:.3f} s",
+            cpu_ratios[kind].append(other["cpu_s"] / anchor["cpu_s"])
+            loads.append(os.getloadavg()[0])
+            print(f"round {len(rows[kind])}: {kind} {other['step_s']:.3f} s (CPU {other['cpu_s']:.3f}), DDP "
+                  f"{anchor['step_s']:.3f} s (CPU {anchor['cpu_s']:.3f}), load {loads[-1]:.1f}",
                   file=sys.stderr, flush=True)
             if not kind.endswith(BASELINE):
                 anchor = None  # a kind and its baseline, run just before it, share one DDP run
@@ -175,11 +189,14 @@ def main() -> None:
           f"(median over rounds, then each round's)")
     if args.baseline_src:
         print(f"{BASELINE}: dszero from {args.baseline_src}")
-    print(f"{'config':<22}{'step (s)':>10}{'x DDP':>8}  {'by round':<24}{'peak RSS/rank (MB)':>20}"
+    print(f"1-minute load average after each run: {min(loads):.1f}-{max(loads):.1f} (median "
+          f"{statistics.median(loads):.1f}); CPU = a rank's CPU time per step, comm threads included (mean of ranks)")
+    print(f"{'config':<22}{'step (s)':>10}{'x DDP':>8}  {'by round':<24}{'CPU x DDP':>10}{'peak RSS/rank (MB)':>20}"
           f"{'model states/rank (MB)':>24}")
     for kind in [k for k in rows if rows[k]]:
         step = statistics.median(r["step_s"] for r in rows[kind])
         ratio = f"{statistics.median(ratios[kind]):.3f}" if kind in ratios else "1.000"
+        cpu_ratio = f"{statistics.median(cpu_ratios[kind]):.3f}" if kind in cpu_ratios else "1.000"
         by_round = ", ".join(f"{r:.2f}" for r in ratios.get(kind, []))
         states = rows[kind][0]["model_states"]
         if states:
@@ -187,7 +204,7 @@ def main() -> None:
         else:  # DDP holds 16 B per parameter; FSDP2 shards all of it
             state_mb = f"{16 * params / 2**20 / (2 if kind == 'fsdp2' else 1):.0f} (formula)"
         peak = statistics.median(r["peak_rss_mb"] for r in rows[kind])
-        print(f"{kind:<22}{step:>10.3f}{ratio:>8}  {by_round:<24}{peak:>20.0f}{state_mb:>24}")
+        print(f"{kind:<22}{step:>10.3f}{ratio:>8}  {by_round:<24}{cpu_ratio:>10}{peak:>20.0f}{state_mb:>24}")
     for kind in [k for k in kinds if k + BASELINE in rows]:
         paired = [r / b for r, b in zip(ratios[kind], ratios[kind + BASELINE])]  # same DDP run: step over step
         print(f"{kind} / {kind}{BASELINE}: {statistics.median(paired):.3f} (by round "
