@@ -7,6 +7,6 @@ import torch
 def evaluate(engine, dataset, batches: int = 8) -> float:
     engine.eval()
     loader = engine.deepspeed_io(dataset, route="eval")
-    losses = [engine(batch).item() for _, batch in zip(range(batches), loader)]
+    losses = [engine(batch.to(engine.device)).item() for _, batch in zip(range(batches), loader)]
     engine.train()
     return sum(losses) / max(len(losses), 1)

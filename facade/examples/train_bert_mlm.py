@@ -101,7 +101,7 @@ def main() -> None:
     while engine.global_steps < args.steps:
         step_loss = 0.0
         for _ in range(engine.gradient_accumulation_steps()):
-            batch = next(batches)
+            batch = next(batches).to(engine.device)  # the loader yields CPU tensors
             if engine.global_steps == 0 and rank == 0:  # what the layers keep for backward, once
                 with count_saved_activations(model.parameters()) as saved:
                     loss = engine(batch)

@@ -75,7 +75,7 @@ def main() -> None:
     while engine.global_steps < args.steps:
         step_loss = 0.0
         for _ in range(engine.gradient_accumulation_steps()):
-            loss = engine(next(batches))
+            loss = engine(next(batches).to(engine.device))  # the loader yields CPU tensors
             engine.backward(loss)
             engine.step()
             step_loss += loss.item() / engine.gradient_accumulation_steps()

@@ -129,6 +129,7 @@ def run(args) -> dict:
 
     losses, lengths, began = [], [], time.perf_counter()
     for batch in loader:
+        batch = batch.to(engine.device)  # the loader yields CPU tensors
         loss = engine(batch)
         engine.backward(loss)
         engine.step()

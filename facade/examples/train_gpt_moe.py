@@ -170,11 +170,11 @@ def main() -> None:
     while engine.global_steps < args.steps:
         step_loss = 0.0
         for _ in range(engine.gradient_accumulation_steps()):
-            tokens = next(batches)
+            tokens = next(batches).to(engine.device)  # the loader yields CPU tensors
             if mos is not None and mos.distilling(engine.global_steps):
                 loss, logits = engine(tokens, return_logits=True)
                 with torch.no_grad():
-                    _, teacher_logits = mos.teacher(tokens.to(engine.device), return_logits=True)
+                    _, teacher_logits = mos.teacher(tokens, return_logits=True)
                 loss = mos.loss(loss, logits, engine.global_steps, teacher_logits=teacher_logits)
             else:
                 loss = engine(tokens)

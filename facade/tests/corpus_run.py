@@ -53,14 +53,20 @@ def outcome(name: str, scratch: str) -> str:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            model = make_model()
+            actor = raw.get("hybrid_engine", {}).get("enabled") is True  # an RLHF actor: a causal LM that generates
+            model = hf_causal_lm() if actor else make_model()
             # Configs without an optimizer section are for scripts that bring their own.
             client = None if "optimizer" in raw else torch.optim.AdamW(model.parameters(), lr=1e-3)
             engine, *_ = dstrain.initialize(model=model, optimizer=client,
                                             config=as_a_script_would_run_it(raw, scratch))
             data = TokenDataset(size=8).data
             for i in range(2):
-                engine.backward(engine(data[i * 2:(i + 1) * 2]))
+                batch = data[i * 2:(i + 1) * 2]
+                if actor:
+                    engine.eval()
+                    engine.module.generate(batch[:, :4], max_new_tokens=4, do_sample=False, pad_token_id=0)
+                    engine.train()
+                engine.backward(engine(input_ids=batch, labels=batch).loss if actor else engine(batch))
                 engine.step()
             if not torch.isfinite(torch.tensor(engine.get_global_grad_norm() or 0.0)):
                 return "trained (fp16 overflow)"
@@ -70,6 +76,15 @@ def outcome(name: str, scratch: str) -> str:
         return f"refused: {type(exc).__name__}: {str(exc).splitlines()[-1].strip()}"
     except Exception as exc:  # anything else is a bug the test reports
         return f"CRASH {type(exc).__name__}: {exc}"
+
+
+def hf_causal_lm() -> torch.nn.Module:
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(hidden_size=24, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, vocab_size=48, max_position_embeddings=64)
+    return transformers.AutoModelForCausalLM.from_config(config)
 
 
 def run_all(rank, world, names, scratch):

@@ -231,7 +231,7 @@ def test_experiments_get_the_launcher_options_less_the_autotuning_ones():
     args = parser.parse_args(["--num_procs", "2", "--autotuning", "run", "--autotuning_timeout", "60",
                               "--master_port", "1234", "--bind_cores_to_rank", "train.py", "--deepspeed_config", "x"])
     assert args.autotuning == "run" and args.script_args == ["--deepspeed_config", "x"]
-    assert launcher_options(parser, args) == ["--num_gpus", "2", "--master_port", "1234", "--bind_cores_to_rank"]
+    assert launcher_options(parser, args) == ["--num_procs", "2", "--master_port", "1234", "--bind_cores_to_rank"]
     assert parser.parse_args(["train.py"]).autotuning is None
 
 

@@ -11,7 +11,7 @@ from engine_models import ADAMW, TokenDataset, config, make_model
 import dsaio
 import dstrain
 from dscomm.testing import run_ranks
-from dstrain.checkpoint.engine_checkpoint import COMMON_FILE, MODEL_FILE
+from dstrain.checkpoint.files import COMMON_FILE, MODEL_FILE
 from dszero.checkpoint import write_manifest
 
 STAGES = pytest.mark.parametrize("stage", [0, 3], ids=["stage0", "stage3"])

@@ -31,6 +31,7 @@ from dsconfig.keys import _NOT_FEATURE_REQUESTS, KNOWN_KEYS
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = "facade/tests/test_every_config_key.py"
+HYBRID = "facade/tests/test_hybrid_engine.py"
 
 # Honoured by handing it to a third-party service, which only an online run uses: no offline test can see
 # it. Kept to this one key on purpose (comet_ml.start(api_key=...); COMET_API_KEY otherwise).
@@ -56,10 +57,6 @@ def _zero(**keys) -> dict:
 
 def _nvme(**keys) -> dict:
     return _zero(stage=3, offload_optimizer={"device": "nvme", "nvme_path": "/tmp", **keys})
-
-
-def _hybrid(key: str, value) -> tuple:
-    return refused({"hybrid_engine": {"enabled": True, key: value}}, "hybrid_engine.enabled")
 
 
 def _autoep(key: str, value) -> tuple:
@@ -162,6 +159,9 @@ KEYS: dict[str, tuple] = {
     "aio.use_gds": refused({"aio": {"use_gds": True}}),
     # ---- tensor parallelism (dstp)
     "tensor_parallel.autotp_size": obs(f"{FACADE}/test_tp_engine.py::test_tp2_x_dp2_with_zero_equals_one_process"),
+    # ---- sequence parallelism (dsseq)
+    "sequence_parallel_size": obs(f"{FACADE}/test_sequence_parallel.py::test_sp2_by_dp2_trains_as_one_rank_on_the_whole_sequence"),
+    "seq_parallel_communication_data_type": obs(f"{FACADE}/test_sequence_parallel.py::test_gradients_go_over_the_wire_in_the_sequence_parallel_dtype"),
     "tensor_parallel.preset_model": obs("libs/dstp/tests/test_plan.py::test_the_llama_preset_splits_attention_and_mlp_and_reports_what_no_rule_matched"),
     "tensor_parallel.tp_overlap_comm": obs("libs/dstp/tests/test_equivalence.py::test_overlap_on_equals_off_and_vocab_parallel_loss_equals_the_gathered_loss"),
     "tensor_parallel.vocab_parallel_lm_head": obs("libs/dstp/tests/test_plan.py::test_vocab_parallel_head_splits_an_untied_head_and_keeps_a_tied_one_whole"),
@@ -171,14 +171,17 @@ KEYS: dict[str, tuple] = {
     f"{TP_SPEC}.shape": obs("libs/dstp/tests/test_plan.py::test_fused_weights_split_each_sub_parameter_so_ranks_keep_whole_heads"),
     f"{TP_SPEC}.partition_dim": obs("libs/dstp/tests/test_plan.py::test_fused_weights_split_each_sub_parameter_so_ranks_keep_whole_heads"),
     f"{TP_SPEC}.model_types": obs("libs/dstp/tests/test_plan.py::test_model_types_limit_a_rule"),
-    # ---- the hybrid engine: never provided, refused by hybrid_engine.enabled
-    "hybrid_engine.enabled": refused({"hybrid_engine": {"enabled": True}}),
-    "hybrid_engine.max_out_tokens": _hybrid("max_out_tokens", 256),
-    "hybrid_engine.inference_tp_size": _hybrid("inference_tp_size", 2),
-    "hybrid_engine.release_inference_cache": _hybrid("release_inference_cache", True),
-    "hybrid_engine.pin_parameters": _hybrid("pin_parameters", False),
-    "hybrid_engine.tp_gather_partition_size": _hybrid("tp_gather_partition_size", 4),
-    "hybrid_engine.enable_cuda_graph": _hybrid("enable_cuda_graph", True),
+    # ---- the hybrid engine (facade/src/dstrain/engine/hybrid/)
+    "hybrid_engine.enabled": obs(f"{HYBRID}::test_generation_yields_the_whole_models_tokens_at_every_stage_and_variant"),
+    "hybrid_engine.max_out_tokens": obs(f"{HYBRID}::test_each_refusal_names_its_key"),
+    "hybrid_engine.inference_tp_size": obs(f"{HYBRID}::test_tensor_parallel_generation_yields_the_whole_models_tokens"),
+    "hybrid_engine.release_inference_cache": obs(
+        f"{HYBRID}::test_generation_yields_the_whole_models_tokens_at_every_stage_and_variant"),
+    "hybrid_engine.pin_parameters": obs(
+        f"{HYBRID}::test_generation_yields_the_whole_models_tokens_at_every_stage_and_variant"),
+    "hybrid_engine.tp_gather_partition_size": obs(
+        f"{HYBRID}::test_tensor_parallel_generation_yields_the_whole_models_tokens"),
+    "hybrid_engine.enable_cuda_graph": obs(f"{HYBRID}::test_each_refusal_names_its_key"),
     # ---- AutoEP (dsmoe.autoep)
     "expert_parallel.enabled": obs(f"{FACADE}/test_autoep_engine.py::test_autoep_engine_equals_one_process_at_every_size_and_stage"),
     "expert_parallel.autoep_size": obs(f"{FACADE}/test_autoep_engine.py::test_autoep_engine_equals_one_process_at_every_size_and_stage"),
@@ -223,6 +226,8 @@ KEYS: dict[str, tuple] = {
     "wall_clock_breakdown": obs(f"{FACADE}/test_monitoring.py::test_csv_and_tensorboard_hold_the_loss_lr_and_timers_by_sample"),
     "dump_state": obs(f"{FACADE}/test_monitoring.py::test_flops_profile_comms_log_and_gc_switch"),
     "dataloader_drop_last": obs(f"{HERE}::test_engine_observations"),
+    "rank_watchdog.enabled": obs(f"{FACADE}/test_rank_watchdog.py::test_the_watchdog_is_on_by_default_with_its_timeout"),
+    "rank_watchdog.timeout": obs(f"{FACADE}/test_rank_watchdog.py::test_a_stopped_rank_is_named_and_the_job_ends"),
     # ---- autotuning (dstrain --autotuning)
     "autotuning.enabled": obs(f"{FACADE}/test_autotuning_e2e.py::test_autotuning_enabled_in_a_config_trains_as_configured"),
     "autotuning.results_dir": obs(AUTOTUNE_E2E),
@@ -333,7 +338,6 @@ _KNOWN_VALUES = {"fp16.opt_level": "O2", "compile.backend": "inductor", "compile
                  "compression_training": {"weight_quantization": {}}, "amp": {"enabled": True},
                  "quantize_training": {"enabled": True}, "eigenvalue": {"enabled": True},
                  "progressive_layer_drop": {"enabled": True}, "dynamic_train": {"enabled": True},
-                 "sequence_parallel_size": 2, "seq_parallel_communication_data_type": "bf16",
                  "nebula": {"enabled": True}, "weight_quantization": {"post_training_quantization": {}},
                  "zero_optimization.mics_shard_size": 2, "zero_optimization.zenflow": {"topk_ratio": 0.1},
                  "zero_optimization.stage3_model_persistence_threshold": 1000,

@@ -49,17 +49,17 @@ def test_a_declared_library_lifts_the_pip_install_gate(monkeypatch):
 
 
 def test_features_dstrain_never_provides_stay_refused_whatever_is_declared():
-    raw = {"train_batch_size": 4, "hybrid_engine": {"enabled": True}, "sparse_attention": {"mode": "fixed"}}
-    declared = provided_features([_point("hybrid_engine.enabled", "x"), _point("sparse_attention", "y")])
+    raw = {"train_batch_size": 4, "sparse_attention": {"mode": "fixed"}}
+    declared = provided_features([_point("sparse_attention", "y")])
     with pytest.warns(dsconfig.ConfigWarning):
         message = _refusal(raw, declared)
-    assert "hybrid_engine.enabled" in message and "sparse_attention" in message
+    assert "sparse_attention" in message
 
 
 def test_every_gated_feature_is_off_by_default_and_on_by_its_key():
     off = dsconfig.load({"train_batch_size": 4}, world_size=1)
     assert not any(feature.is_on(off) for feature in GATED_FEATURES)
-    on = {"pipeline": {"stages": 2}, "tensor_parallel": {"autotp_size": 2},
+    on = {"pipeline": {"stages": 2}, "tensor_parallel": {"autotp_size": 2}, "sequence_parallel_size": 2,
           "expert_parallel": {"enabled": True, "autoep_size": 1}, "data_efficiency": {"enabled": True},
           "curriculum_learning": {"enabled": True, "min_difficulty": 8, "max_difficulty": 64,
                                   "schedule_type": "fixed_discrete",
@@ -93,6 +93,7 @@ UNPROVIDED_CASES = [(extra, key, library) for extra, key, library in [
     ({"pipeline": {"stages": 2}}, "pipeline.stages", "dspipe"),
     ({"expert_parallel": {"enabled": True, "autoep_size": 1}}, "expert_parallel.enabled", "dsmoe"),
     ({"data_efficiency": {"enabled": True}}, "data_efficiency.enabled", "dsdata"),
+    ({"sequence_parallel_size": 2}, "sequence_parallel_size", "dsseq"),
 ] if next(f for f in GATED_FEATURES if f.key == key).name not in provided_features()]
 
 

@@ -193,18 +193,7 @@ def children(pid: int) -> list[int]:
     return found
 
 
-@pytest.mark.parametrize("depth", [1, 2], ids=["node_agent", "agent_child"])
-def test_killed_node_agent_takes_its_job_down(job, tmp_path, depth):
-    """SIGKILL the node agent (the launcher's child; on a remote node, ssh's) or the process it started:
-    torchrun, both ranks and their helpers, which sit in sessions of their own, still all stop."""
-    proc = job.start("--num_procs", "2", "--stop_grace", "3", str(SCRIPTS / "hang.py"), str(tmp_path))
-    wait_for_files(tmp_path, ["started.0", "started.1"], proc)
-    target = proc.pid
-    for _ in range(depth):
-        (target,) = children(target)
-    os.kill(target, signal.SIGKILL)
-    assert proc.wait(timeout=TIMEOUT) != 0  # not communicate(): survivors would hold its output open
-    assert not orphans(job.tag, settle=60)  # generous: a loaded machine may be slow to stop torchrun
+# A killed node agent, keeper or torchrun, and a killed tuner: test_process_lifetime.py.
 
 
 # The two error cases start no process, so they call the command's main() here: no torch start-up.

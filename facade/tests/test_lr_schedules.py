@@ -43,8 +43,9 @@ def test_warmup_lr_defaults_and_per_group_values():
     sched.step()
     sched.step()
     assert sched.get_last_lr() == pytest.approx([0.3, 0.3])
+    assert WarmupLR(opt, warmup_num_steps=0).warmup_num_steps == 2  # DeepSpeed's configs use 0 for no warmup
     with pytest.raises(ValueError, match="warmup_num_steps"):
-        WarmupLR(opt, warmup_num_steps=0)
+        WarmupLR(opt, warmup_num_steps=-1)
     with pytest.raises(ValueError, match="warmup_type"):
         WarmupLR(opt, warmup_type="cosine")
     with pytest.raises(ValueError, match="2 values"):

@@ -1,6 +1,12 @@
 """Monitor events at the documented names and x-axis, read back from CSV and TensorBoard files."""
 
 import csv
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 from engine_models import ADAMW, TokenDataset, config, make_model
@@ -67,3 +73,78 @@ def test_flops_profile_comms_log_and_gc_switch(tmp_path, capfd):
     profile = (tmp_path / "flops.txt").read_text()
     assert "Profile Summary at step 2" in profile and "fwd flops per device" in profile
     assert '"steps_per_print"' in capfd.readouterr().err  # dump_state printed the resolved config
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Issue 28, item 9: the usual script shape, `def main(): engine, *_ = deepspeed.initialize(...); <train>` then
+# `main()`, never calls destroy(): the engine (and its monitors) are freed when main() returns. A short run used
+# to write no CSV at all and an empty TensorBoard file. A real process each, read back from the real files.
+
+SCRIPT = """
+import os, sys, time
+import torch
+sys.path.insert(0, {tests!r})
+from engine_models import ADAMW, TokenDataset, config, make_model
+import dstrain
+
+def main():
+    cfg = config(micro=4, optimizer=ADAMW, steps_per_print=1000,
+                 csv_monitor={{"enabled": True, "output_path": "out", "job_name": "csv"}},
+                 tensorboard={{"enabled": True, "output_path": "out", "job_name": "tb"}})
+    engine, *_ = dstrain.initialize(model=make_model(), config=cfg)
+    data = TokenDataset(size=4 * {steps}).data
+    for i in range({steps}):
+        engine.backward(engine(data[4 * i:4 * (i + 1)]))
+        engine.step()
+    {then}
+
+main()
+"""
+STEPS = 6
+
+
+def _run_script(folder: Path, then: str) -> subprocess.Popen:
+    (folder / "train.py").write_text(SCRIPT.format(tests=str(Path(__file__).parent), steps=STEPS, then=then))
+    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(_free_port())}
+    return subprocess.Popen([sys.executable, "train.py"], cwd=folder, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _assert_every_step_written(folder: Path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    samples = [4 * (i + 1) for i in range(STEPS)]
+    for name in ("Train_Samples_train_loss.csv", "Train_Samples_lr.csv"):
+        rows = list(csv.reader((folder / "out" / "csv" / name).read_text().splitlines()))
+        assert [int(r[0]) for r in rows[1:]] == samples, name
+    acc = EventAccumulator(str(folder / "out" / "tb"))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("Train/Samples/train_loss")] == samples
+    assert [e.step for e in acc.Scalars("Train/Samples/lr")] == samples
+
+
+def test_a_script_that_never_calls_destroy_still_has_every_event_written(tmp_path):
+    proc = _run_script(tmp_path, "pass  # no engine.destroy(): the engine is dropped when main() returns")
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    _assert_every_step_written(tmp_path)
+
+
+def test_a_rank_stopped_by_sigterm_has_every_event_written(tmp_path):
+    proc = _run_script(tmp_path, "open('trained', 'w').close(); time.sleep(300)  # what torchrun's SIGTERM ends")
+    deadline = time.monotonic() + 300
+    while not (tmp_path / "trained").exists():
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=120)
+    assert proc.returncode == -signal.SIGTERM
+    _assert_every_step_written(tmp_path)

@@ -80,3 +80,29 @@ def test_a_client_optimizer_that_cannot_keep_fp32_states_is_refused_by_key():
 
     message = run_ranks(attempt, 1)[0]
     assert "bf16.bf16_master_weights_and_grads" in message and "CPUAdam" in message
+
+
+def _nvme_offload_init(rank, world, tmp, zero_extra, aio):
+    import dsconfig
+
+    cfg = config()
+    cfg["zero_optimization"] = {"stage": 3, **zero_extra}
+    cfg["aio"] = aio
+    try:
+        dstrain.initialize(model=make_model(), config={**cfg, "optimizer": ADAMW})
+    except dsconfig.ConfigError as exc:
+        return exc.paths, str(exc)
+    return None, "initialized"
+
+
+@pytest.mark.parametrize(("zero_extra", "aio", "path"), [
+    ({"offload_optimizer": {"device": "nvme", "nvme_path": "{tmp}", "buffer_count": 1e9, "pin_memory": True}}, {},
+     "zero_optimization.offload_optimizer.buffer_count"),
+    ({"offload_param": {"device": "nvme", "nvme_path": "{tmp}"}}, {"queue_depth": 1e9}, "aio.queue_depth"),
+])
+def test_nvme_offload_sizes_this_machine_cannot_give_are_refused_at_initialize(tmp_path, zero_extra, aio, path):
+    # A billion pinned buffers used to be allocated until the host ran out; the queue failed at the first swap.
+    zero_extra = {k: {**v, "nvme_path": str(tmp_path)} for k, v in zero_extra.items()}
+    paths, message = run_ranks(_nvme_offload_init, 1, str(tmp_path), zero_extra, aio, timeout=120)[0]
+    assert paths == [path], message
+    assert "this machine has" in message or "at most" in message

@@ -8,7 +8,7 @@ from engine_models import ADAMW, TokenDataset, config, make_model
 
 import dstrain
 from dscomm.testing import run_ranks
-from dstrain.checkpoint.engine_checkpoint import save_checkpoint
+from dstrain.checkpoint import save_checkpoint
 from dstrain.engine.parts import build_training_parts
 from dstrain.engine.progress import TrainingProgress
 from dstrain.wiring.config_source import load_config

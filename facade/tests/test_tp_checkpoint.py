@@ -6,12 +6,10 @@ import pytest
 import torch
 from tp_models import hf_model, tokens, tp_config, whole_parameters
 
-import dsaio
 import dscomm
-import dstp
 import dstrain
 from dscomm.testing import run_ranks
-from dszero.checkpoint import read_parameter_states
+from dstrain.checkpoint import read_whole
 
 
 def train(engine, steps, start=0):
@@ -47,17 +45,7 @@ def reload_rank(rank, world, stage, root):
 
 def whole_states(directory):
     """Every parameter's fp32 master and Adam moments in a checkpoint, merged over its tensor ranks."""
-    common = dsaio.load_state_dict(directory / "engine_common.safetensors")
-    size = common.get("tp_size", 1)
-    dirs = [directory / f"tp_{r:02d}_of_{size:02d}" for r in range(size)] if size > 1 else [directory]
-    plan = dstp.TensorParallelPlan.from_json(common["tp_plan"]) if size > 1 else None
-    per_rank = [read_parameter_states(d / "zero")[0] for d in dirs]
-    whole = {}
-    for name, kinds in per_rank[0].items():
-        pp = plan.params[name] if plan is not None else None
-        whole[name] = {kind: dstp.merge_shards([states[name][kind] for states in per_rank], pp)
-                       if pp is not None and pp.sharded else per_rank[0][name][kind] for kind in kinds}
-    return whole
+    return read_whole(directory).parameters
 
 
 @pytest.mark.parametrize("stage", [1, 3])
@@ -97,9 +85,10 @@ def test_save_16bit_model_writes_the_whole_model_for_the_hf_class(tmp_path):
         assert difference < 1e-5
 
 
-@pytest.mark.parametrize("crafted", [0, -1, True, "2", 10**9, None])
-def test_a_crafted_tp_size_in_the_common_file_is_refused_by_name(crafted):
-    from dstrain.checkpoint.tp_checkpoint import saved_tp_size
+@pytest.mark.parametrize("crafted", [0, -1, True, "2", 10**9, None, {"size": 2}])
+def test_a_crafted_tp_size_in_the_common_file_is_refused_by_name(crafted, tmp_path):
+    from dstrain.checkpoint.layout import SavedLayout
 
+    tp = crafted if isinstance(crafted, dict) else {"size": crafted, "plan": "{}"}
     with pytest.raises(dstrain.CheckpointLoadError, match="tp_size"):
-        saved_tp_size({"tp_size": crafted})
+        SavedLayout.from_description({"tp": tp, "pipe": None, "dp_size": 1, "zero_stage": 0}, tmp_path)

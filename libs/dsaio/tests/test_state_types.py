@@ -75,3 +75,30 @@ def test_crafted_skeleton_is_refused_not_run(tmp_path, node):
     _rewrite_skeleton(path, node)
     with pytest.raises(dsaio.CheckpointError):
         dsaio.load_state_dict(path, verify=False)  # the header is ours to forge: only the skeleton is tested here
+
+
+def test_a_state_file_carries_the_callers_metadata_readable_from_its_header_alone(tmp_path):
+    path = tmp_path / "state.safetensors"
+    dsaio.save_state_dict({"step": 3, "w": np.ones(4)}, path, metadata={"record": '{"step": 3}'})
+    assert dsaio.read_metadata(path) == {"record": '{"step": 3}'}  # dsaio's own entries are not the caller's
+    assert dsaio.load_state_dict(path)["step"] == 3
+    dsaio.save({"w": np.ones(2)}, tmp_path / "flat.safetensors", metadata={"kind": "flat"})
+    assert dsaio.read_metadata(tmp_path / "flat.safetensors") == {"kind": "flat"}
+    with pytest.raises(ValueError, match="reserved"):
+        dsaio.save_state_dict({}, path, metadata={"dsaio.state": "{}"})
+    with pytest.raises(TypeError, match="str to str"):
+        dsaio.save_state_dict({}, path, metadata={"record": 3})
+
+
+def test_read_metadata_checks_the_header_it_reads(tmp_path):
+    path = tmp_path / "state.safetensors"
+    dsaio.save_state_dict({"w": np.ones(4)}, path, metadata={"record": "mine"})
+    raw = bytearray(path.read_bytes())
+    at = raw.index(b"mine")
+    raw[at:at + 4] = b"yours"[:4]  # same length: only dsaio's metadata checksum can tell
+    path.write_bytes(bytes(raw))
+    with pytest.raises(dsaio.CheckpointError, match="metadata"):
+        dsaio.read_metadata(path)
+    path.write_bytes(bytes(raw[:20]))
+    with pytest.raises(dsaio.CheckpointError, match="truncated"):
+        dsaio.read_metadata(path)

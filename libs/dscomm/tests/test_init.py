@@ -2,6 +2,7 @@
 
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -62,3 +63,22 @@ def test_bad_launch_settings_are_named(env, call, message):
     out = python(f"import dscomm\ntry:\n    {call}\nexcept dscomm.CommError as exc:\n    print(exc)",
                  env={**CLEAN_ENV, **env})
     assert message in out.stdout, out.stdout + out.stderr
+
+
+MPIRUN = shutil.which("mpirun")
+
+
+@pytest.mark.skipif(MPIRUN is None, reason="OpenMPI's mpirun is not installed (Debian: apt-get install openmpi-bin)")
+def test_bare_mpirun_ranks_come_from_openmpis_environment():
+    """`mpirun -np 2 python script.py`, no launcher of ours: init_distributed reads OMPI_COMM_WORLD_* (no mpi4py).
+    The facade's launcher tests run OpenMPI at 2 and 4 ranks."""
+    ranks = 2
+    as_root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    # MASTER_PORT only: two suites at once must not meet on 29500; the address is discovered (one machine).
+    out = subprocess.run([MPIRUN, *as_root, "--bind-to", "none", "-np", str(ranks), "-x", f"MASTER_PORT={free_port()}",
+                          sys.executable, str(HERE / "torchrun_worker.py")],
+                         capture_output=True, text=True, timeout=120, env=CLEAN_ENV, stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = sorted(re.findall(r"rank=\d world=\d local=\d sum=\d+ backend=\w+ env_rank=\d", out.stdout))
+    total = ranks * (ranks + 1) // 2
+    assert lines == [f"rank={r} world={ranks} local={r} sum={total} backend=gloo env_rank={r}" for r in range(ranks)]

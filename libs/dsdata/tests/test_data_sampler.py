@@ -67,6 +67,15 @@ def test_percentile_difficulty_admits_the_easiest_share(index):
         assert set(batch) <= admitted, step
 
 
+def test_a_percentile_curriculum_ending_at_zero_is_refused_by_name(index):
+    # It used to divide by max_difficulty at the first batch (ZeroDivisionError).
+    settings = config(index, total=metric(index, "total", "percentile", lo=0, hi=0, step=1))
+    with pytest.raises(DataEfficiencyError, match=r"curriculum_metrics\.total\.max_difficulty = 0"):
+        next(iter(DataSampler(settings, SAMPLES, 5, 0, 1)))
+    with pytest.raises(DataEfficiencyError, match=r"curriculum_metrics\.total\.min_difficulty = 101"):
+        DataSampler(config(index, total=metric(index, "total", "percentile", lo=101, hi=100)), SAMPLES, 5, 0, 1)
+
+
 def test_two_metrics_are_intersected(index):
     sampler = DataSampler(config(index, length=metric(index, "length", lo=4),
                                  total=metric(index, "total", lo=60, hi=600, total_steps=20, step=20)),
@@ -155,3 +164,21 @@ def test_a_malformed_state_fails_by_name(index):
         sampler.load_state_dict(state)
     with pytest.raises(DataEfficiencyError, match="version"):
         sampler.load_state_dict({"version": 99})
+
+
+def test_a_negative_sample_index_is_refused_not_wrapped(tmp_path):
+    # A crafted (or signed and corrupted) index_to_sample: -1 used to wrap to the dataset's last sample.
+    from dsdata.indexed_dataset import close_mmap_dataset_builder, create_mmap_dataset_builder
+
+    for name, dtype, values in (("m_index_to_sample", "int64", [[3, -1], [0, 1, 2]]),
+                                ("m_index_to_metric", "int64", [[1], [2]])):
+        builder = create_mmap_dataset_builder(str(tmp_path / name), dtype)
+        for item in values:
+            builder.add_item(torch.tensor(item))
+        close_mmap_dataset_builder(builder, str(tmp_path / name))
+    spec = {"index_to_sample_path": str(tmp_path / "m_index_to_sample"),
+            "index_to_metric_path": str(tmp_path / "m_index_to_metric"), "difficulty_type": "value",
+            "clustering_type": "schedule_based", "min_difficulty": 1, "max_difficulty": 2, "schedule_type": "fixed_linear",
+            "schedule_config": {"total_curriculum_step": 2, "difficulty_step": 1}}
+    with pytest.raises(DataEfficiencyError, match=r"m_index_to_sample: sample index -1 is outside the dataset of 4"):
+        DataSampler(config(tmp_path, m=spec), 4, 1, 0, 1)

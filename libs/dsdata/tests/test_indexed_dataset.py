@@ -92,3 +92,60 @@ def test_missing_files_and_unsupported_dtypes(tmp_path):
         MMapIndexedDataset(tmp_path / "nothing")
     with pytest.raises(DataEfficiencyError, match="float32"):
         MMapIndexedDatasetBuilder(tmp_path / "f.bin", dtype=np.float32)
+
+
+def _crafted(tmp_path, sizes, pointers, doc_idx, values=64, name="c"):
+    """A .bin of `values` int64 values and an .idx that says what the test wants it to say."""
+    prefix = tmp_path / name
+    (prefix.parent / f"{name}.bin").write_bytes(np.arange(values, dtype="<i8").tobytes())
+    with open(f"{prefix}.idx", "wb") as f:
+        f.write(b"MMIDIDX\x00\x00" + struct.pack("<QBQQ", 1, 5, len(sizes), len(doc_idx)))
+        f.write(struct.pack(f"<{len(sizes)}i", *sizes))
+        f.write(struct.pack(f"<{len(pointers)}q", *pointers))
+        f.write(struct.pack(f"<{len(doc_idx)}q", *doc_idx))
+    return prefix
+
+
+@pytest.mark.parametrize(("sizes", "pointers", "message"), [
+    # pointer + size * 8 wraps past int64: item 1 used to load empty, and flat() returned two items' values
+    ([8, 8, 8], [0, 2**63 - 8, 64], "item 1 starts at byte 9223372036854775800 of .*starts at byte 64"),
+    ([8, 8, 8, 8], [0, 0, 0, 0], "item 1 starts at byte 0 .* starts at byte 64 \\(offsets that overlap"),
+    ([1, 1], [0, 16], "item 1 starts at byte 16 .* starts at byte 8"),  # a gap flat() would read
+    ([1, 1], [8, 16], "item 0 starts at byte 8 .* starts at byte 0"),
+    ([2**31 - 1] * 5, [0, 17179869176 * 1, 17179869176 * 2, 17179869176 * 3, 17179869176 * 4],
+     "the first 5 of 5 items take 85899345880 bytes, past the end"),
+    ([4, -1], [0, 32], "item 1 has a negative length"),
+])
+def test_item_offsets_off_the_back_to_back_layout_are_refused(tmp_path, sizes, pointers, message):
+    with pytest.raises(DataEfficiencyError, match=message) as info:
+        MMapIndexedDataset(_crafted(tmp_path, sizes, pointers, [0, len(sizes)]))
+    assert "c.idx" in str(info.value)
+
+
+def test_overlapping_offsets_no_longer_shrink_what_the_sampler_sees(tmp_path):
+    # 64 one-value items all pointing at value 0..3: flat() (what the sampler reads) saw 4 distinct samples.
+    sizes, pointers = [1] * 64, [8 * (i % 4) for i in range(64)]
+    with pytest.raises(DataEfficiencyError, match="back to back"):
+        MMapIndexedDataset(_crafted(tmp_path, sizes, pointers, [0, 64]))
+
+
+@pytest.mark.parametrize("doc_idx", [[], [1, 3], [0, 2, 1, 3], [0, 4], [-1, 3]])
+def test_document_boundaries_are_checked(tmp_path, doc_idx):
+    with pytest.raises(DataEfficiencyError, match="document boundaries"):
+        MMapIndexedDataset(_crafted(tmp_path, [1, 1, 1], [0, 8, 16], doc_idx))
+
+
+def test_well_formed_crafted_files_still_read(tmp_path):
+    data = MMapIndexedDataset(_crafted(tmp_path, [2, 0, 3], [0, 16, 16], [0, 1, 3]))
+    assert [data[i].tolist() for i in range(3)] == [[0, 1], [], [2, 3, 4]]
+    assert data.flat().tolist() == [0, 1, 2, 3, 4] and data.doc_idx.tolist() == [0, 1, 3]
+
+
+def test_the_layout_is_checked_across_chunks(tmp_path, monkeypatch):
+    from dsdata import indexed_dataset
+
+    monkeypatch.setattr(indexed_dataset, "CHECK_CHUNK", 2)  # as a dataset of millions of items is checked
+    good = _crafted(tmp_path, [1, 2, 3, 4, 5], [0, 8, 24, 48, 80], [0, 5], name="good")
+    assert MMapIndexedDataset(good).flat().tolist() == list(range(15))
+    with pytest.raises(DataEfficiencyError, match=r"item 3 starts at byte 40 .* starts at byte 48"):
+        MMapIndexedDataset(_crafted(tmp_path, [1, 2, 3, 4, 5], [0, 8, 24, 40, 80], [0, 5], name="bad"))

@@ -137,3 +137,23 @@ def test_mismatched_model_and_missing_shard_are_named(tmp_path):
         dszero.get_fp32_state_dict_from_zero_checkpoint(directory)
     with pytest.raises(dszero.CheckpointError, match="no ZeRO checkpoint"):
         dszero.get_fp32_state_dict_from_zero_checkpoint(tmp_path / "nothing")
+
+
+def save_with_records(rank, world, directory):
+    model, zero = make_zero(1)
+    train_step(model, zero, 0, rank, world)
+    with dszero.checkpoint.recording({"run": "r1", "rank": rank}):
+        zero.save(directory)  # the optimizer's own save takes no record: the block gives it
+    return rank
+
+
+def test_every_shard_and_the_meta_carry_the_callers_record(tmp_path):
+    import json
+
+    import dsaio
+
+    run_ranks(save_with_records, 2, str(tmp_path / "ck"))
+    for rank in range(2):
+        metadata = dsaio.read_metadata(tmp_path / "ck" / f"zero_shard_{rank:05d}-of-00002.safetensors")
+        assert json.loads(metadata[dszero.checkpoint.RECORD]) == {"run": "r1", "rank": rank}
+    assert dszero.checkpoint.read_meta(tmp_path / "ck")[dszero.checkpoint.RECORD] == {"run": "r1", "rank": 0}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import signal
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -20,13 +21,14 @@ from typing import Any
 
 import dsconfig
 
+from ..launcher import dies_with_parent
 from ..launcher.cli import plan
 from ..launcher.errors import LaunchError
 from .configs import config_problems, experiment_config, get_path, optimal_config
 from .engine_metrics import METRICS_ENV
 from .errors import AutotuningError
-from .experiments import ExperimentRunner, prepare_dir
-from .outputs import progress_line, summary_text, write_results
+from .experiments import ExperimentRunner
+from .outputs import RESULT_NAMES, progress_line, summary_text, write_results
 from .request import TuningRequest, read_request
 from .script_args import config_argument, with_config, with_mapped_values
 from .search import Search
@@ -99,6 +101,7 @@ def _tune(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                               timeout=args.autotuning_timeout, grace=args.stop_grace + 15, display=_display,
                               description={"num_gpus": len(job.nodes[0].slots), "num_nodes": len(job.nodes),
                                            "world_size": world, "data_parallel_size": request.data_parallel})
+    runner.results.refuse_links(RESULT_NAMES)  # the session's last writes: a link there fails now, not after it
     if not settings.enabled:
         say("the config's autotuning.enabled is false; tuning anyway, as --autotuning asks")
     say(f"tuning {args.script} on {world} process(es) (data-parallel {request.data_parallel}): ZeRO stage(s) "
@@ -108,19 +111,19 @@ def _tune(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
         result = search.run()
     except KeyboardInterrupt:
-        write_results(search.result, results_dir)
+        write_results(search.result, runner.results)
         say(f"interrupted; the experiments so far are in {results_dir}/summary.txt")
         return 130
     print(summary_text(result), flush=True)
     best = result.best
     if best is None:
-        write_results(result, results_dir)
+        write_results(result, runner.results)
         raise AutotuningError(f"no experiment succeeded; each one's output is in {results_dir}/<name>/stderr.log "
                               f"(summary: {results_dir}/summary.txt)")
-    optimal_path = prepare_dir(results_dir, "results_dir") / "ds_config_optimal.json"
+    optimal_path = results_dir / "ds_config_optimal.json"
     optimal = optimal_config(raw, best.point)
     final = command(str(optimal_path), optimal)
-    write_results(result, results_dir, optimal=optimal, optimal_command=_display(final))
+    write_results(result, runner.results, optimal=optimal, optimal_command=_display(final))
     say(f"best: {best.point.name} ({request.metric} {best.value(request.metric):.4g}); config in {optimal_path}, "
         f"command in {results_dir / 'cmd_optimal.txt'}")
     if args.autotuning == "tune":
@@ -147,7 +150,7 @@ def _check_base_config(request: TuningRequest) -> None:
 
 def _train(argv: list[str]) -> int:
     env = {k: v for k, v in os.environ.items() if k != METRICS_ENV}
-    proc = subprocess.Popen(argv, env=env)
+    proc = subprocess.Popen(argv, env=env, preexec_fn=dies_with_parent(signal.SIGTERM))  # ends with us
     try:
         return proc.wait()
     except KeyboardInterrupt:  # the launcher got the terminal's SIGINT too and stops its nodes

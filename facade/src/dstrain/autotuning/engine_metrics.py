@@ -30,6 +30,7 @@ import dsmonitor
 from dsconfig import DeepSpeedConfig
 
 from ..logs import log_on_rank0
+from .owned_dirs import write_file_no_follow
 
 METRICS_ENV = "DSTRAIN_AUTOTUNING_METRICS"
 BACKWARD_FACTOR = 2.0  # backward costs about twice the forward's flops
@@ -153,10 +154,8 @@ class ProfileWindow:
             }
             if flops is None:
                 metrics["flops_error"] = self.flops_error or "no forward pass was counted"
-            partial = f"{self.path}.partial{os.getpid()}"
-            with open(partial, "w") as f:
-                json.dump(metrics, f, indent=2)
-            os.replace(partial, self.path)
+            # Into the experiment folder the tuner made, through neither a link in its place nor one at the names.
+            write_file_no_follow(self.path, json.dumps(metrics, indent=2))
             log_on_rank0(self.rank, f"autotuning experiment: steps {self.first}-{self.last} measured, "
                                     f"{latency_ms:.1f} ms/step; metrics in {self.path}; ending the run")
         _end_run()

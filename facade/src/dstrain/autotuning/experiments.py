@@ -23,10 +23,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ..launcher import dies_with_parent
 from .configs import experiment_config
 from .engine_metrics import METRICS_ENV
-from .errors import AutotuningError
-from .outputs import write_atomically
+from .owned_dirs import OwnedDir
 from .search import Outcome
 from .space import Point
 
@@ -40,12 +40,11 @@ STDERR_TAIL = 64 * 1024
 RESULT_FILES = ("ds_config.json", "cmd.txt", "exp.json", "metrics.json", "stdout.log", "stderr.log")
 
 
-def prepare_dir(path: Path, what: str) -> Path:
-    """`path` as a directory, created if needed; a file in its place is an error naming the key."""
-    if path.exists() and not path.is_dir():
-        raise AutotuningError(f"autotuning.{what} = {str(path)!r} is a file; name a directory (it is created)")
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+def prepare_dir(path: Path, what: str) -> OwnedDir:
+    """autotuning.<what> as a folder of the autotuner (owned_dirs.py): made where missing, taken up where an
+    earlier session made it; a link, a file, another's folder or one that cannot be written is a ConfigError
+    naming the key."""
+    return OwnedDir.prepare(path, what)
 
 
 def classify(returncode: int | None, stderr_tail: str, metrics: Mapping[str, Any] | None, metric: str,
@@ -109,8 +108,9 @@ class ExperimentRunner:
         self.raw = raw
         self.metric = metric
         self.end_step = end_step
-        self.exps_dir = prepare_dir(exps_dir, "exps_dir")
-        self.results_dir = prepare_dir(results_dir, "results_dir")
+        self.exps = prepare_dir(exps_dir, "exps_dir")
+        self.results = prepare_dir(results_dir, "results_dir")
+        self.exps_dir, self.results_dir = exps_dir, results_dir
         self.command = command
         self.description = dict(description)  # num_gpus, num_nodes, world_size: the job every point runs on
         self.overwrite = overwrite
@@ -121,37 +121,43 @@ class ExperimentRunner:
 
     def __call__(self, point: Point) -> Outcome:
         config = experiment_config(self.raw, point)
-        folder = self.results_dir / point.name
-        config_path = (folder / "ds_config.json").resolve()
-        argv = self.command(str(config_path), config)
+        folder = self.results.folder(point.name)  # made by the tuner, or refused naming what is there
+        try:
+            return self._run(point, config, folder)
+        finally:
+            folder.close()
+
+    def _run(self, point: Point, config: dict, folder: OwnedDir) -> Outcome:
+        config_path = os.path.join(os.path.abspath(folder.path), "ds_config.json")
+        argv = self.command(config_path, config)
         exp = {"name": point.name, "ds_config": config, **self.description, "command": self.display(argv),
-               "result_dir": str(folder)}
-        _write_json(self.exps_dir / f"{point.name}.json", exp)
+               "result_dir": str(folder.path)}
+        _write_json(self.exps, f"{point.name}.json", exp)
         if not self.overwrite:
-            earlier = _read_json(folder / "exp.json")
+            earlier = _read_json(folder, "exp.json")
             same = earlier and earlier.get("ds_config") == config and earlier.get("command") == exp["command"]
             if same and earlier.get("status") in ("ok", "oom", "crash", "timeout", "no-metrics"):
                 return Outcome(earlier["status"], earlier.get("metrics") or {}, earlier.get("reason", ""),
                                float(earlier.get("seconds", 0.0)), reused=True)
-        folder.mkdir(parents=True, exist_ok=True)
         for name in RESULT_FILES:
-            (folder / name).unlink(missing_ok=True)
-        _write_json(config_path, config)
-        (folder / "cmd.txt").write_text(self.display(argv) + "\n")
+            folder.remove(name)
+        _write_json(folder, "ds_config.json", config)
+        folder.write_text("cmd.txt", self.display(argv) + "\n")
         outcome = self._launch(argv, folder)
-        _write_json(folder / "exp.json", {**exp, "status": outcome.status, "reason": outcome.reason,
-                                          "seconds": round(outcome.seconds, 3), "metrics": outcome.metrics})
+        _write_json(folder, "exp.json", {**exp, "status": outcome.status, "reason": outcome.reason,
+                                         "seconds": round(outcome.seconds, 3), "metrics": outcome.metrics})
         return outcome
 
-    def _launch(self, argv: list[str], folder: Path) -> Outcome:
-        metrics_path = (folder / "metrics.json").resolve()
-        env = {**os.environ, METRICS_ENV: str(metrics_path)}
+    def _launch(self, argv: list[str], folder: OwnedDir) -> Outcome:
+        metrics_path = os.path.join(os.path.abspath(folder.path), "metrics.json")
+        env = {**os.environ, METRICS_ENV: metrics_path}
         began = time.monotonic()
         timed_out = None
-        with open(folder / "stdout.log", "wb") as out, open(folder / "stderr.log", "wb") as err:
+        with folder.create("stdout.log") as out, folder.create("stderr.log") as err:
             # A session of its own: a timeout (or Ctrl-C here) stops the launcher and, through it, every rank.
+            # Its parent-death signal stops it (and so the experiment) when this process dies, even by SIGKILL.
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env, cwd=self.cwd,
-                                    start_new_session=True)
+                                    start_new_session=True, preexec_fn=dies_with_parent(signal.SIGTERM))
             try:
                 proc.wait(timeout=self.timeout)
             except subprocess.TimeoutExpired:
@@ -161,26 +167,20 @@ class ExperimentRunner:
                 _stop(proc, self.grace)
                 raise
         seconds = time.monotonic() - began
-        metrics = _read_json(metrics_path)
-        status, reason = classify(proc.returncode, _tail(folder / "stderr.log"), metrics, self.metric,
-                                  self.end_step, timed_out)
+        metrics = _read_json(folder, "metrics.json")
+        tail = (folder.read_bytes("stderr.log", tail=STDERR_TAIL) or b"").decode("utf-8", "replace")
+        status, reason = classify(proc.returncode, tail, metrics, self.metric, self.end_step, timed_out)
         return Outcome(status, metrics or {}, reason, seconds)
 
 
-def _tail(path: Path) -> str:
-    with open(path, "rb") as f:
-        f.seek(max(path.stat().st_size - STDERR_TAIL, 0))
-        return f.read().decode("utf-8", "replace")
-
-
-def _read_json(path: Path) -> dict | None:
+def _read_json(folder: OwnedDir, name: str) -> dict | None:
+    text = folder.read_bytes(name)
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        data = json.loads(text) if text is not None else None
+    except ValueError:
         return None
     return data if isinstance(data, dict) else None
 
 
-def _write_json(path: Path, data: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomically(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+def _write_json(folder: OwnedDir, name: str, data: Any) -> None:
+    folder.write_text(name, json.dumps(data, indent=2, sort_keys=True) + "\n")

@@ -9,11 +9,11 @@ import csv
 import datetime
 import io
 import json
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
 from . import ranking
+from .owned_dirs import OwnedDir
 from .search import Progress, SearchResult
 
 CSV_COLUMNS = ("name", "space", "role", "stage", "micro_batch", "gradient_accumulation_steps", "train_batch_size",
@@ -119,22 +119,18 @@ def _number(value: object) -> str:
     return repr(float(value)) if isinstance(value, (int, float)) else ""
 
 
-def write_results(result: SearchResult, results_dir: Path, *, optimal: dict | None = None,
+RESULT_NAMES = ("summary.txt", "summary.csv", "ds_config_optimal.json", "cmd_optimal.txt")
+
+
+def write_results(result: SearchResult, results: OwnedDir, *, optimal: dict | None = None,
                   optimal_command: str | None = None) -> list[Path]:
-    """summary.txt, summary.csv and, when an experiment succeeded, ds_config_optimal.json and cmd_optimal.txt."""
+    """summary.txt, summary.csv and, when an experiment succeeded, ds_config_optimal.json and cmd_optimal.txt,
+    each written whole (through a partial file) into the results folder, never through a link."""
     written = []
     for name, text in (("summary.txt", summary_text(result) + "\n"), ("summary.csv", summary_csv(result))):
-        written.append(write_atomically(results_dir / name, text))
+        written.append(results.write_text(name, text))
     if optimal is not None:
-        written.append(write_atomically(results_dir / "ds_config_optimal.json", json.dumps(optimal, indent=2) + "\n"))
+        written.append(results.write_text("ds_config_optimal.json", json.dumps(optimal, indent=2) + "\n"))
     if optimal_command is not None:
-        written.append(write_atomically(results_dir / "cmd_optimal.txt", optimal_command + "\n"))
+        written.append(results.write_text("cmd_optimal.txt", optimal_command + "\n"))
     return written
-
-
-def write_atomically(path: Path, text: str) -> Path:
-    """`text` into `path` through a partial file renamed over it, so a reader never sees half of it."""
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(text)
-    os.replace(partial, path)
-    return path

@@ -25,10 +25,12 @@ class WholeCheckpoint:
     module: dict[str, torch.Tensor]  # the module's state dict: weights in their training dtype, and buffers
     parameters: dict[str, dict[str, torch.Tensor]]  # per trained parameter: MASTER (fp32) and optimizer state keys
     scalars: dict[str, Any] = field(default_factory=dict)  # the optimizer's per-group scalars ("step", ...)
+    param_groups: list[dict[str, Any]] = field(default_factory=list)  # its hyperparameters per group (lr, betas...)
     lr_scheduler: dict[str, Any] | None = None
     client_state: dict[str, Any] = field(default_factory=dict)
     progress: dict[str, int] = field(default_factory=dict)  # global_steps, global_samples, micro_steps, skipped_steps
     loss_scaler: dict[str, Any] | None = None  # fp16: cur_scale and the counters of the dynamic scaler
     step_hooks: dict[str, Any] = field(default_factory=dict)  # {hook name: state}: curriculum, random-LTD
+    left_out: list[str] = field(default_factory=list)  # module names the save left out on purpose (frozen ones)
     source: str = "dstrain"  # who wrote it: "dstrain", "deepspeed", "universal" (for messages)
     path: str = ""  # where it was read from (for messages)

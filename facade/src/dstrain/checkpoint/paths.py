@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from ..errors import CheckpointLoadError, DstrainError
+from .files import COMMON_FILE
 
 LATEST = "latest"
 MAX_TAG_LENGTH = 200  # bytes; with ".partial" / ".old" appended it stays under the usual 255-byte name limit
@@ -77,3 +78,31 @@ def tag_directory(root: Path, tag: str) -> Path:
         raise CheckpointLoadError(f"checkpoint {path} resolves to {real}, outside {real_root}; a checkpoint must be "
                                   f"a directory inside the checkpoint root, not a link out of it")
     return path
+
+
+def checked_load_tag(tag: str) -> str:
+    """`tag` when valid; CheckpointLoadError naming it and the rule otherwise."""
+    try:
+        return check_tag(tag)
+    except DstrainError as exc:
+        raise CheckpointLoadError(str(exc)) from None
+
+
+def checkpoint_path(root: Path, tag: str) -> Path:
+    """The complete dstrain checkpoint of `tag` under `root` (its `.old` copy when a re-save of the tag was
+    interrupted mid-swap); CheckpointLoadError listing the complete tags otherwise."""
+    path = tag_directory(root, tag)
+    if (path / COMMON_FILE).is_file():
+        return path
+    old = tag_directory(root, f"{tag}.old")
+    if (old / COMMON_FILE).is_file():
+        return old
+    tags = sorted(p.name for p in root.iterdir() if (p / COMMON_FILE).is_file()) if root.is_dir() else []
+    if (root / f"{tag}.partial").exists():
+        reason = f"the save of {tag!r} did not finish (only {tag}.partial is there)"
+    elif path.exists():
+        reason = f"{path} is not a dstrain checkpoint ({COMMON_FILE} missing)"
+    else:
+        reason = f"{path} does not exist"
+    raise CheckpointLoadError(f"cannot load checkpoint: {reason}; complete checkpoints in {root}: "
+                              f"{', '.join(tags) or 'none'}")

@@ -8,6 +8,11 @@ Two tables use it:
   `dstrain.pipe`, `dstrain.moe`, `dstrain.runtime`, ...), whose modules live in this `compat`
   package; registered by `import dstrain`, so `from dstrain.moe.layer import MoE` keeps working.
 
+A library behind a mapped path (`dspipe` for `deepspeed.pipe`, `dstrain` itself for `deepspeed`) that a
+module of the same name beside the script would stand in for (`python script.py` puts the script's folder
+first on sys.path) is an ImportError naming that file, not a confusing failure inside dstrain, nor a
+user's module silently used as dstrain's.
+
 This module imports nothing but the standard library: the launcher registers it before torch loads.
 """
 
@@ -16,6 +21,8 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import importlib.machinery
+import os
+import sys
 from types import ModuleType
 
 _C = "dstrain.compat"
@@ -28,6 +35,8 @@ MAPPED_PATHS: dict[str, str] = {
     "deepspeed.comm": "dstrain.comm",
     "deepspeed.zero": "dstrain.zero",
     "deepspeed.checkpointing": "dstrain.checkpointing",
+    "deepspeed.checkpoint": f"{_C}.checkpoint",
+    "deepspeed.checkpoint.utils": f"{_C}.checkpoint.utils",
     "deepspeed.runtime": "dstrain.runtime",
     "deepspeed.runtime.activation_checkpointing": "dstrain.runtime",
     "deepspeed.runtime.activation_checkpointing.checkpointing": "dstrain.checkpointing",
@@ -38,6 +47,7 @@ MAPPED_PATHS: dict[str, str] = {
     "deepspeed.runtime.utils": "dstrain.runtime.utils",
     "deepspeed.runtime.zero": "dstrain.runtime.zero",
     "deepspeed.runtime.zero.offload_config": "dstrain.runtime.zero.offload_config",
+    "deepspeed.runtime.zero.partition_parameters": "dszero.partition_parameters",
     "deepspeed.utils": "dstrain.utils",
     "deepspeed.utils.groups": "dscomm.groups",
     "deepspeed.utils.zero_to_fp32": "dstrain.utils.zero_to_fp32",
@@ -46,10 +56,20 @@ MAPPED_PATHS: dict[str, str] = {
     "deepspeed.ops.lamb": "dstrain.ops",
     "deepspeed.ops.transformer": "dstrain.ops.transformer",
     "deepspeed.monitor": "dsmonitor",
+    "deepspeed.launcher": f"{_C}.launcher",
+    "deepspeed.launcher.runner": f"{_C}.launcher.runner",
+    "deepspeed.compression": f"{_C}.compression",
+    "deepspeed.compression.helper": f"{_C}.compression.helper",
     "deepspeed.pipe": "dstrain.pipe",
     "deepspeed.moe": "dstrain.moe",
     "deepspeed.moe.layer": "dstrain.moe.layer",
     "deepspeed.moe.utils": "dstrain.moe.utils",
+    # Ulysses sequence parallelism (dsseq)
+    "deepspeed.sequence": "dstrain.sequence",
+    "deepspeed.sequence.layer": "dstrain.sequence.layer",
+    "deepspeed.runtime.sequence_parallel": "dstrain.runtime.sequence_parallel",
+    "deepspeed.runtime.sequence_parallel.ulysses_sp": "dstrain.runtime.sequence_parallel.ulysses_sp",
+    "deepspeed.runtime.sequence_parallel.parallel_state_sp": "dstrain.runtime.sequence_parallel.parallel_state_sp",
 }
 
 # dstrain.<name> (and everything under it) -> its module in this package, or elsewhere in dstrain.
@@ -63,10 +83,64 @@ PUBLIC_PATHS: dict[str, str] = {
     "dstrain.utils": f"{_C}.utils",
     "dstrain.lr_schedules": "dstrain.engine.lr_schedules",
     "dstrain.dataloader": "dstrain.engine.dataloader",
+    "dstrain.sequence": f"{_C}.sequence",
 }
 
 # Target modules that need a library the facade does not always have: the module's first name -> pip line.
-_PROVIDERS = {"dstrain.pipe": "dspipe", "dstrain.moe": "dsmoe", f"{_C}.pipe": "dspipe", f"{_C}.moe": "dsmoe"}
+_PROVIDERS = {"dstrain.pipe": "dspipe", "dstrain.moe": "dsmoe", f"{_C}.pipe": "dspipe", f"{_C}.moe": "dsmoe",
+              "dstrain.sequence": "dsseq", f"{_C}.sequence": "dsseq", "dstrain.runtime.sequence_parallel": "dsseq",
+              f"{_C}.runtime.sequence_parallel": "dsseq"}
+
+
+def libraries_behind(target: str) -> list[str]:
+    """The top-level packages serving `target`: its own, and the optional library it is built on."""
+    found = [target.split(".")[0]]
+    found += [lib for prefix, lib in _PROVIDERS.items() if target == prefix or target.startswith(prefix + ".")]
+    return list(dict.fromkeys(found))
+
+
+def script_folder() -> str:
+    """The folder `python script.py` puts first on sys.path (the working directory for -c, -m and the REPL)."""
+    first = sys.path[0] if sys.path else ""
+    return os.path.abspath(first or os.getcwd())
+
+
+def _inside(path: str, folder: str) -> bool:
+    return os.path.dirname(os.path.abspath(path)) == folder or (
+        os.path.basename(path) == "__init__.py" and os.path.dirname(os.path.dirname(os.path.abspath(path))) == folder)
+
+
+def _found_elsewhere(name: str, folder: str) -> bool:
+    """Whether `name` is also importable from somewhere other than `folder` (where it is installed)."""
+    rest = [p for p in sys.path if os.path.abspath(p or os.getcwd()) != folder]
+    if importlib.machinery.PathFinder.find_spec(name, rest) is not None:
+        return True
+    for finder in sys.meta_path:
+        if finder is importlib.machinery.PathFinder or getattr(finder, "root", None) is not None:
+            continue  # the path was searched above; alias finders serve other names
+        try:
+            spec = finder.find_spec(name, None)
+        except (ImportError, AttributeError, TypeError, ValueError):
+            continue
+        if spec is not None and not (spec.origin and _inside(spec.origin, folder)):
+            return True
+    return False
+
+
+def shadowing_file(library: str) -> str | None:
+    """The file of a module named `library` beside the script that stands (or would stand) in for the installed
+    library: already imported from the script's folder, or found there first. None when there is none, or when
+    the script's folder is where the library lives (nothing else provides it)."""
+    folder = script_folder()
+    module = sys.modules.get(library)
+    if module is not None:
+        origin = getattr(module, "__file__", None)
+    else:
+        spec = importlib.machinery.PathFinder.find_spec(library, [folder])
+        origin = spec.origin if spec is not None else None
+    if not origin or origin == "namespace" or not _inside(origin, folder):
+        return None
+    return origin if _found_elsewhere(library, folder) else None
 
 
 class ModuleAlias(importlib.abc.Loader):
@@ -77,6 +151,12 @@ class ModuleAlias(importlib.abc.Loader):
         self._own_spec: importlib.machinery.ModuleSpec | None = None
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        for library in libraries_behind(self.target):
+            local = shadowing_file(library)
+            if local is not None:
+                raise ImportError(f"{spec.name} is served by dstrain's {library} library, but {local} has the same "
+                                  f"name and would be imported in its place (the script's folder comes first on "
+                                  f"sys.path, as `python script.py` puts it): rename that file", name=spec.name)
         try:
             module = importlib.import_module(self.target)
         except ModuleNotFoundError:
@@ -117,9 +197,11 @@ class TableFinder(importlib.abc.MetaPathFinder):
         module = self.target(fullname)
         if module is None:
             if self.closed:
+                from .callers import asked_by
+
                 raise ModuleNotFoundError(f"{fullname}: dstrain maps only the DeepSpeed modules listed in "
                                           f"{self.table_name} (the facade README has the table); this one has no "
-                                          f"dstrain counterpart", name=fullname)
+                                          f"dstrain counterpart{asked_by()}", name=fullname)
             return None
         # A target that is a package keeps its own __path__; a listed parent of listed children must be one.
         is_package = any(other.startswith(fullname + ".") for other in self.table)

@@ -9,12 +9,18 @@ from typing import Any
 
 import torch
 
+from dscomm import watchdog
 from dsconfig import DeepSpeedConfig
 
 from ..errors import DstrainError
 from ..logs import log_on_rank0
 from .accessors import EngineAccessors
 from .parts import build_training_parts
+
+# Private methods of DeepSpeed's engine that integrations call (Accelerate, transformers): a missing one is named
+# with who asked, as a missing public one is.
+# (Accelerate's get_state_dict calls _consolidated_16bit_state_dict under AutoTP, which this engine lacks.)
+_DEEPSPEED_PRIVATE_API = {"_consolidated_16bit_state_dict", "_zero3_consolidated_16bit_state_dict"}
 
 
 class DeepSpeedEngine(EngineAccessors, torch.nn.Module):
@@ -29,7 +35,16 @@ class DeepSpeedEngine(EngineAccessors, torch.nn.Module):
                                      training_data=training_data, lr_scheduler=lr_scheduler, collate_fn=collate_fn,
                                      data_parallel_group=data_parallel_group, groups=groups, step_hooks=step_hooks)
         self.adopt_parts(parts, config, model)
-        self.data_parallel_group = data_parallel_group
+        # DeepSpeed's names: data_parallel_group holds the replicas, seq_data_parallel_group ZeRO's ranks.
+        self.seq_data_parallel_group = data_parallel_group
+        self.data_parallel_group = groups.data if parts.sequence_parallel_size > 1 else data_parallel_group
+        self.seq_parallel_group = groups.sequence if parts.sequence_parallel_size > 1 else None
+        self._hybrid = None  # the Hybrid Engine's generation (hybrid_engine.enabled): engine/hybrid/
+        if config.hybrid_engine.enabled:
+            from .hybrid import HybridGeneration
+
+            self._hybrid = HybridGeneration(model, config, device=parts.device, data_group=data_parallel_group,
+                                            rank=parts.global_rank)
         self._engine_backward_active = False
         self._compiled = False
         if config.dump_state:
@@ -48,6 +63,7 @@ class DeepSpeedEngine(EngineAccessors, torch.nn.Module):
 
     # ------------------------------------------------------------------ the loop
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
+        watchdog.record(f"engine forward of micro-step {self.micro_steps + 1} (step {self.global_steps + 1})")
         self.reporter.before_forward()
         timer = self.reporter.timer("fwd")
         timer.start()
@@ -80,6 +96,7 @@ class DeepSpeedEngine(EngineAccessors, torch.nn.Module):
         if not torch.is_tensor(loss) or loss.numel() != 1:
             raise DstrainError(f"engine.backward(loss) needs a one-element loss tensor, got "
                                f"{tuple(loss.shape) if torch.is_tensor(loss) else type(loss).__name__}")
+        watchdog.record(f"engine backward of micro-step {self.micro_steps + 1} (step {self.global_steps + 1})")
         self.reporter.record_loss(loss)
         timer = self.reporter.timer("bwd")
         timer.start()
@@ -107,6 +124,8 @@ class DeepSpeedEngine(EngineAccessors, torch.nn.Module):
         self._require_optimizer("step")
         progress, optimizer = self._progress, self.optimizer
         boundary = self.is_gradient_accumulation_boundary()
+        if boundary:
+            watchdog.record(f"engine optimizer step {self.global_steps + 1}")
         timer = self.reporter.timer("step")
         timer.start()
         progress.last_step_applied = False
@@ -124,6 +143,22 @@ class DeepSpeedEngine(EngineAccessors, torch.nn.Module):
             samples = progress.micro_batches_in_step() * self.train_micro_batch_size_per_gpu() * self.dp_world_size
         progress.count_step(True, samples)
         self.reporter.after_step(optimizer, self.basic_optimizer)
+        if self._hybrid is not None:
+            self._hybrid.stepped()
+
+    def train(self, mode: bool = True) -> DeepSpeedEngine:
+        """Training mode (eval(): generation mode); with the Hybrid Engine, eval() reports the last
+        iteration's latency split (generate, gather, training, other) as DeepSpeed prints it."""
+        super().train(mode)
+        hybrid = self.__dict__.get("_hybrid")
+        if hybrid is not None:
+            hybrid.mode_changed(mode, self.reporter.monitor, self.global_samples)
+        return self
+
+    def generate(self, *inputs: Any, **kwargs: Any) -> Any:
+        """The module's generate(); with the Hybrid Engine, its generation (weights gathered once at ZeRO-3,
+        tensor-parallel with inference_tp_size, LoRA fused)."""
+        return self.module.generate(*inputs, **kwargs)
 
     def zero_grad(self) -> None:
         """Drop the accumulated gradients (step() already does this at each boundary)."""
@@ -133,6 +168,10 @@ class DeepSpeedEngine(EngineAccessors, torch.nn.Module):
     # ------------------------------------------------------------------ accessors (the rest: accessors.py)
     def get_type(self) -> type:
         return type(self.module)
+
+    def get_sequence_parallel_group(self) -> Any:
+        """The ranks splitting each sample's sequence (None without sequence_parallel_size), as DeepSpeed's."""
+        return self.seq_parallel_group
 
     def compile(self, backend: str = "inductor", compile_kwargs: dict | None = None) -> None:
         """torch.compile the wrapped module in place (DeepSpeed's engine.compile); hooks stay attached."""
@@ -155,14 +194,19 @@ class DeepSpeedEngine(EngineAccessors, torch.nn.Module):
             module = self._modules.get("module")
             if module is not None and hasattr(module, name):
                 return getattr(module, name)
-            raise
+            if name.startswith("_") and name not in _DEEPSPEED_PRIVATE_API:
+                raise  # a probe of a private name (torch, Accelerate): no message to build
+            from ..compat.callers import missing
+
+            raise AttributeError(f"'DeepSpeedEngine' object has no attribute {name!r} (nor has its module "
+                                 f"{type(module).__name__}): {missing(f'engine.{name}')}") from None
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest: bool = True,
                         exclude_frozen_parameters: bool = False) -> bool:
         """Save the training state under `save_dir/<tag>` (collective); exclude_frozen_parameters leaves
         the parameters with requires_grad False out of the module file."""
-        from ..checkpoint.engine_checkpoint import save_checkpoint
+        from ..checkpoint import save_checkpoint
 
         self._require_optimizer("save_checkpoint")
         return save_checkpoint(self._parts, save_dir, tag, client_state or {}, save_latest,
@@ -173,7 +217,7 @@ class DeepSpeedEngine(EngineAccessors, torch.nn.Module):
                         custom_load_fn=None) -> tuple[str | None, Any]:
         """Load a checkpoint (collective): (its path, the client state), or (None, None) when there is none.
         custom_load_fn(src=<saved module state>, dst=<module>) replaces the module's own loading."""
-        from ..checkpoint.engine_checkpoint import load_checkpoint
+        from ..checkpoint import load_checkpoint
 
         return load_checkpoint(self._parts, load_dir, tag, load_module_strict=load_module_strict,
                                load_optimizer_states=load_optimizer_states,
@@ -183,10 +227,25 @@ class DeepSpeedEngine(EngineAccessors, torch.nn.Module):
     def save_16bit_model(self, save_dir, save_filename: str = "pytorch_model.bin",
                          exclude_frozen_parameters: bool = False) -> bool:
         """The module's weights in its training dtype as one file, written by the first data-parallel rank."""
-        from ..checkpoint.engine_checkpoint import save_16bit_model
+        from ..checkpoint import save_16bit_model
 
         return save_16bit_model(self._parts, save_dir, save_filename,
                                 exclude_frozen_parameters=exclude_frozen_parameters)
+
+    def zero_gather_16bit_weights_on_model_save(self) -> bool:
+        """Whether the config lets a stage-3 run gather its weights to save them whole
+        (zero_optimization.stage3_gather_16bit_weights_on_model_save)."""
+        return bool(self._config.zero_optimization.stage3_gather_16bit_weights_on_model_save)
+
+    def _zero3_consolidated_16bit_state_dict(self, exclude_frozen_parameters: bool = False) -> dict | None:
+        """The whole module's state dict in its training dtype on global rank 0 (None on the others; every rank
+        calls it). DeepSpeed's name, which Hugging Face's Trainer and Accelerate call; stage 3 only, as there."""
+        from .consolidated import consolidated_state_dict
+
+        if self.zero_optimization_stage() != 3:
+            raise ValueError(f"_zero3_consolidated_16bit_state_dict needs ZeRO stage 3 (zero_optimization.stage is "
+                             f"{self.zero_optimization_stage()}); the module's own state_dict() is whole here")
+        return consolidated_state_dict(self.module, exclude_frozen_parameters)
 
     # ------------------------------------------------------------------ data efficiency (dsdata)
     def set_data_post_process_func(self, post_process_func) -> None:

@@ -114,8 +114,9 @@ def _per_group(optimizer: Any, value: Any, name: str) -> list:
 
 
 def _check_warmup(warmup_num_steps: Any, warmup_type: str) -> None:
-    if isinstance(warmup_num_steps, bool) or not isinstance(warmup_num_steps, int) or warmup_num_steps <= 0:
-        raise ValueError(f"warmup_num_steps must be a positive integer, got {warmup_num_steps!r}")
+    # 0 and 1 are accepted and warm up over 2 steps, as DeepSpeed does (real configs use 0 for "no warmup").
+    if isinstance(warmup_num_steps, bool) or not isinstance(warmup_num_steps, int) or warmup_num_steps < 0:
+        raise ValueError(f"warmup_num_steps must be a non-negative integer, got {warmup_num_steps!r}")
     if warmup_type not in WARMUP_TYPES:
         raise ValueError(f"warmup_type must be one of {', '.join(map(repr, WARMUP_TYPES))}, got {warmup_type!r}")
 

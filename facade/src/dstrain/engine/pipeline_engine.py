@@ -3,8 +3,8 @@
 
 A sibling of DeepSpeedEngine, built from the same parts (`parts.build_training_parts`: precision,
 the ZeRO optimizer over this stage's data-parallel group with the norm group spanning every stage,
-scheduler, loader, progress, reporter), saved by `checkpoint/pipe_checkpoint.py`. dspipe's runtime runs the
-schedule; the ZeRO optimizer fills its gradient-sync seam (sync held back over the batch's backward
+scheduler, loader, progress, reporter), saved by `checkpoint/` (per-layer files, a directory per
+stage). dspipe's runtime runs the schedule; the ZeRO optimizer fills its gradient-sync seam (sync held back over the batch's backward
 passes, tied gradients summed across stages, one reduction, then the step).
 """
 
@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from dscomm import watchdog
 from dsconfig import ConfigError, DeepSpeedConfig, Problem
 from dsmonitor import events
 
@@ -71,6 +72,10 @@ class PipelineEngine(EngineAccessors, torch.nn.Module):
         if not isinstance(model, PipelineModule):
             raise DstrainError(f"PipelineEngine trains a dspipe PipelineModule, got {type(model).__name__}")
         refuse_zero_stage_3(config)
+        if config.hybrid_engine.enabled:
+            raise ConfigError(Problem("hybrid_engine.enabled", "the Hybrid Engine generates with a whole model's "
+                                      "generate(), which a PipelineModule's stages are not: train the actor "
+                                      "without a pipeline", True))
         schedule = choose_schedule(config, model)
         parts = build_training_parts(model, config, optimizer=optimizer, model_parameters=model_parameters,
                                      training_data=training_data, lr_scheduler=lr_scheduler, collate_fn=collate_fn,
@@ -113,6 +118,7 @@ class PipelineEngine(EngineAccessors, torch.nn.Module):
         started = time.perf_counter()
         timer = self.reporter.timer("step")
         timer.start()
+        watchdog.record(f"pipeline train_batch of step {self.global_steps + 1}")  # dspipe records each action
         loss = self.runtime.train_batch(self._batches(), self._seam, self.micro_batches)
         timer.stop()
         self.agg_train_loss = loss
@@ -224,23 +230,23 @@ class PipelineEngine(EngineAccessors, torch.nn.Module):
                         exclude_frozen_parameters: bool = False) -> bool:
         """Save under `save_dir/<tag>` (collective over every rank): one file per layer (DeepSpeed's
         `layer_XX-model_states`), each stage's ZeRO shards, the scheduler and counters."""
-        from ..checkpoint.pipe_checkpoint import save_checkpoint
+        from ..checkpoint import save_checkpoint
 
         self._require_optimizer("save_checkpoint")
-        return save_checkpoint(self._parts, self.module, save_dir, tag, client_state or {}, save_latest,
+        return save_checkpoint(self._parts, save_dir, tag, client_state or {}, save_latest,
                                exclude_frozen_parameters=exclude_frozen_parameters)
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict: bool = True, load_optimizer_states: bool = True,
                         load_lr_scheduler_states: bool = True, load_module_only: bool = False,
                         custom_load_fn=None) -> tuple[str | None, Any]:
-        """Load a checkpoint (collective). Weights load at any number of stages; the optimizer's state
-        needs the stages it was saved with (else pass load_optimizer_states=False)."""
-        from ..checkpoint.pipe_checkpoint import load_checkpoint
+        """Load a checkpoint (collective), saved at any number of stages: weights, the optimizer's state
+        (its masters and moments), scheduler and counters."""
+        from ..checkpoint import load_checkpoint
 
         if custom_load_fn is not None:
             raise DstrainError("load_checkpoint(custom_load_fn=...) is not supported with a PipelineModule (its "
                                "weights are stored per layer): load without it")
-        return load_checkpoint(self._parts, self.module, load_dir, tag, load_module_strict=load_module_strict,
+        return load_checkpoint(self._parts, load_dir, tag, load_module_strict=load_module_strict,
                                load_optimizer_states=load_optimizer_states,
                                load_lr_scheduler_states=load_lr_scheduler_states, load_module_only=load_module_only)
 

@@ -1,6 +1,9 @@
-"""The `dstrain` launcher (DeepSpeed's `deepspeed` command): hostfiles, filters, per-node torchrun."""
+"""The `dstrain` launcher (DeepSpeed's `deepspeed` command): hostfiles, filters, per-node torchrun, or one
+mpirun / srun for the job (`--launcher openmpi|mpich|impi|mvapich|slurm`)."""
 
+from ._proctree import dies_with_parent
 from .errors import HostfileError, LaunchError
 from .hostfile import parse_hostfile, parse_hostfile_text, select_resources
 
-__all__ = ["HostfileError", "LaunchError", "parse_hostfile", "parse_hostfile_text", "select_resources"]
+__all__ = ["HostfileError", "LaunchError", "dies_with_parent", "parse_hostfile", "parse_hostfile_text",
+           "select_resources"]

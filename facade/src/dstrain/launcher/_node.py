@@ -12,10 +12,12 @@ their parent died are still found and stopped. Its exit code is the command's, o
 
 An agent killed by SIGKILL cannot stop anything, so it does not start COMMAND itself: it starts a
 second copy of this script, the keeper (`--keeper`), which starts COMMAND and watches its stdin,
-whose only writer is the agent. When the agent dies, by whatever signal, the keeper sees end of
-file and stops the job; when the keeper dies, the agent inherits torchrun and the ranks (as their
-subreaper) and stops them. Parent-death signals (PR_SET_PDEATHSIG) would not do: they are not
-inherited, so the ranks' helpers would survive, and they fire when the parent *thread* ends.
+whose only writer is the agent. When the agent dies, by whatever signal, the keeper gets SIGTERM (its
+parent-death signal) and sees end of file, and stops the job; when the keeper dies, torchrun gets
+SIGTERM the same way, and the agent inherits torchrun and the ranks (as their subreaper) and stops
+them. Parent-death signals are armed in everything we start (the ranks arm their own in _rank.py),
+but they are not inherited, so a rank's own helpers are found by the subreapers instead: whichever of
+keeper, agent and launcher is still alive adopts them and `_proctree.sweep` stops what it adopts.
 """
 
 from __future__ import annotations
@@ -69,10 +71,9 @@ def stop_tree(proc: subprocess.Popen, grace: float, child_grace: float) -> None:
             proc.terminate()
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=child_grace)
-    # Helpers the ranks started in sessions of their own are not torchrun's to stop.
-    rest = _proctree.alive(tree + _proctree.descendants(os.getpid()))
-    _proctree.signal_all(rest, signal.SIGTERM)
-    _proctree.kill_all(_proctree.wait_gone(rest, min(grace, 3.0)))
+    # Helpers the ranks started in sessions of their own are not torchrun's to stop; orphans re-parented
+    # to us while the ranks die are stopped as they arrive.
+    _proctree.sweep(tree, min(grace, 3.0), own=(proc.pid,), everything=True)
 
 
 def main(argv: list[str]) -> int:
@@ -110,7 +111,9 @@ def main(argv: list[str]) -> int:
     try:
         # A session of its own: a signal to our process group (a terminal's Ctrl-C, `kill -9 -PGID`)
         # never reaches both the agent and the keeper, so one of them is always left to clean up.
-        proc = subprocess.Popen(child, stdin=child_stdin, start_new_session=True)
+        # Its parent-death signal stops it when we die, even by SIGKILL.
+        proc = subprocess.Popen(child, stdin=child_stdin, start_new_session=True,
+                                preexec_fn=_proctree.dies_with_parent(signal.SIGTERM))
     except OSError as exc:
         _say(f"cannot start {child[0]!r}: {exc}")
         return 127

@@ -3,6 +3,7 @@
     dstrain --num_procs 2 train.py --deepspeed_config ds.json
     dstrain --hostfile hosts --include "worker-0@worker-1:0,2" train.py
     dstrain --num_procs 2 --autotuning run train.py --deepspeed_config ds.json
+    dstrain --launcher openmpi --launcher_args "--allow-run-as-root" --hostfile hosts train.py
 
 See facade/docs/launcher.md.
 """
@@ -12,15 +13,18 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shlex
 import sys
 
-from . import _cores
-from .commands import Job, Node, exported_environment, is_local_host, node_argv_display
+from . import _cores, mpi
+from .commands import Job, Node, exported_environment, is_local_host, node_argv_display, supervised
 from .errors import LaunchError
 from .hostfile import check_host, parse_hostfile, select_resources
-from .runner import Supervisor, check_reachable
+from .mpi import MPI_LAUNCHERS
+from .runner import Launch, Supervisor, check_reachable, node_launches
 
 DEFAULT_PORT = 29500  # DeepSpeed's and torch's default
+LAUNCHERS = ("auto", "ssh", "pdsh", "local", *MPI_LAUNCHERS)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,9 +33,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run a training script on every process of a job: on this machine through torchrun, or "
                     "across the machines of a DeepSpeed-format hostfile, one torchrun per machine over ssh.")
     count = p.add_mutually_exclusive_group()
-    count.add_argument("--num_gpus", "--num_procs", dest="num_procs", type=int, default=None, metavar="N",
+    count.add_argument("--num_procs", type=int, default=None, metavar="N",
                        help="processes per machine (default: the GPUs of this machine, or 1 without GPUs; "
                             "with a hostfile: every slot)")
+    # Its own option (not an alias of --num_procs) because srun hears of GPUs only through it (--gpus-per-node).
+    count.add_argument("--num_gpus", "--num_accelerators", type=int, default=None, metavar="N",
+                       help="GPUs (processes) per machine, DeepSpeed's name for --num_procs")
     p.add_argument("--num_nodes", type=int, default=None, metavar="M", help="use the first M hosts of the hostfile")
     p.add_argument("-H", "--hostfile", default=None, metavar="FILE",
                    help="DeepSpeed-format hostfile: one 'HOSTNAME slots=N' a line")
@@ -44,10 +51,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--master_port", type=int, default=None, metavar="PORT",
                    help=f"TCP port of the rendezvous on the master (default: a free port on one machine, through "
                         f"torchrun's standalone rendezvous; {DEFAULT_PORT} across machines)")
-    p.add_argument("--launcher", choices=("auto", "ssh", "pdsh", "local"), default="auto",
-                   help="how remote nodes are started: ssh, pdsh, or auto (pdsh where installed, else ssh); "
-                        "'local' runs every node's torchrun on this machine, e.g. to try a hostfile over loopback. "
-                        "Hosts named localhost/127.x always run here without ssh")
+    p.add_argument("--launcher", type=str.lower, choices=LAUNCHERS, default="auto",
+                   help="how the job is started: one torchrun per node, remote nodes over ssh, pdsh, or auto (pdsh "
+                        "where installed, else ssh); 'local' runs every node's torchrun on this machine, e.g. to try "
+                        "a hostfile over loopback (hosts named localhost/127.x always run here without ssh); or every "
+                        "rank by one mpirun (openmpi, mpich, impi, mvapich) or srun (slurm), as DeepSpeed's launchers")
+    p.add_argument("--launcher_args", default="", metavar="ARGS",
+                   help="options for the program that starts the job, as one quoted string: mpirun's or srun's, or "
+                        "pdsh's / ssh's for remote nodes, e.g. --launcher_args '--allow-run-as-root'")
+    p.add_argument("--no_ssh_check", action="store_true",
+                   help="do not check that every remote host answers ssh / pdsh before starting")
+    p.add_argument("--force_multi", action="store_true",
+                   help="accepted for DeepSpeed's command lines: here remote hosts always start remotely, and "
+                        "--launcher openmpi|mpich|impi|mvapich|slurm starts even one host through mpirun / srun")
     p.add_argument("--ssh_port", type=int, default=None, metavar="PORT", help="ssh port of the remote hosts")
     p.add_argument("--no_ssh", action="store_true",
                    help="start only this machine's node (give --node_rank); run the same command on every machine")
@@ -93,14 +109,15 @@ def local_gpu_count(environ: dict[str, str] | None = None) -> int:
 def plan(args: argparse.Namespace, environ: dict[str, str] | None = None) -> tuple[Job, list[Node]]:
     """Turn the command line into a Job and the nodes this launcher starts."""
     environ = dict(os.environ if environ is None else environ)
+    per_node = args.num_procs if args.num_procs is not None else args.num_gpus
     if args.hostfile:
         hosts = parse_hostfile(args.hostfile)
-        resources = select_resources(hosts, args.include, args.exclude, args.num_nodes, args.num_procs)
+        resources = select_resources(hosts, args.include, args.exclude, args.num_nodes, per_node)
         visible_devices = True
     else:
         if args.num_nodes not in (None, 1):
             raise LaunchError(f"--num_nodes {args.num_nodes} needs a --hostfile listing the machines")
-        slots = args.num_procs or local_gpu_count(environ) or 1
+        slots = per_node or local_gpu_count(environ) or 1
         resources = select_resources({"localhost": slots}, args.include, args.exclude)
         visible_devices = bool(args.include or args.exclude)  # otherwise keep the user's own setting
     force_local = args.launcher == "local"
@@ -116,15 +133,30 @@ def plan(args: argparse.Namespace, environ: dict[str, str] | None = None) -> tup
         else:
             master = first if not is_local_host(first) else _this_host_name()
     port = args.master_port
-    if port is None and len(nodes) > 1:
-        port = DEFAULT_PORT  # every machine must know it in advance; one machine picks a free one (standalone)
+    if port is None and (len(nodes) > 1 or args.launcher in MPI_LAUNCHERS):
+        port = DEFAULT_PORT  # every machine must know it in advance; one torchrun picks a free one (standalone)
+    try:
+        launcher_args = tuple(shlex.split(args.launcher_args))
+    except ValueError as exc:
+        raise LaunchError(f"--launcher_args {args.launcher_args!r}: {exc} (give them as one string, quoted as "
+                          "for a shell)") from None
+    if launcher_args and args.launcher == "local":
+        raise LaunchError("--launcher_args: --launcher local starts no program to pass them to; they are for "
+                          "mpirun / srun (--launcher openmpi|mpich|impi|mvapich|slurm) or ssh / pdsh")
+    if args.launcher in MPI_LAUNCHERS:
+        for flag, given in (("--no_ssh", args.no_ssh), ("--node_rank", args.node_rank is not None),
+                            ("--ssh_port", args.ssh_port is not None)):
+            if given:
+                raise LaunchError(f"{flag} is for the ssh / pdsh launchers; with --launcher {args.launcher} "
+                                  f"{mpi.PROGRAM[args.launcher]} reaches the hosts itself (give its options in "
+                                  "--launcher_args)")
     job = Job(script=args.script, script_args=tuple(args.script_args), nodes=nodes, master_addr=master,
               master_port=port, python=sys.executable, cwd=os.getcwd(),
               local_rank_arg=not args.no_local_rank, module=args.module,
               set_visible_devices=visible_devices,
               extra_env={**exported_environment(environ), **({"DSTRAIN_DEEPSPEED_ALIAS": "0"}
                                                               if args.no_deepspeed_alias else {})},
-              grace=args.stop_grace, bind_cores=core_binding(args, nodes))
+              grace=args.stop_grace, bind_cores=core_binding(args, nodes), launcher_args=launcher_args)
     if args.no_ssh:
         if args.node_rank is None or not 0 <= args.node_rank < len(nodes):
             raise LaunchError(f"--no_ssh needs --node_rank between 0 and {len(nodes) - 1} (this machine's place "
@@ -136,6 +168,15 @@ def plan(args: argparse.Namespace, environ: dict[str, str] | None = None) -> tup
     if args.node_rank is not None:
         raise LaunchError("--node_rank is only for --no_ssh, where each machine starts its own node")
     return job, list(nodes)
+
+
+def mpi_job(args: argparse.Namespace, job: Job, environ: dict[str, str] | None = None) -> mpi.MpiJob:
+    """The job as one mpirun / srun runs it (--launcher openmpi|mpich|impi|mvapich|slurm), checked."""
+    mj = mpi.MpiJob(args.launcher, job, job.launcher_args, filtered=bool(args.hostfile and (args.include or args.exclude)),
+                    num_nodes=args.num_nodes, num_gpus=args.num_gpus, master_addr_given=args.master_addr is not None,
+                    cuda=local_gpu_count(environ) > 0)
+    mpi.check(mj)
+    return mj
 
 
 def core_binding(args: argparse.Namespace, nodes: tuple[Node, ...]) -> str | None:
@@ -172,26 +213,77 @@ def remote_shell_for(choice: str) -> str:
     return "pdsh" if shutil.which("pdsh") else "ssh"
 
 
+def joined_launcher_args(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """`--launcher_args '--allow-run-as-root'` as `--launcher_args=...`: argparse takes a lone value that starts
+    with '-' for an option and stops. Only the launcher's own options (before the script) are looked at."""
+    takes_value = {flag for action in parser._actions if action.option_strings and action.nargs is None
+                   for flag in action.option_strings}  # argparse keeps no public list; stable since 2.7
+    argv = list(argv)
+    i = 0
+    while i < len(argv) and argv[i].startswith("-"):
+        if argv[i] == "--launcher_args" and i + 1 < len(argv):
+            argv[i:i + 2] = [f"--launcher_args={argv[i + 1]}"]
+        elif argv[i] in takes_value:
+            i += 1  # skip its value
+        i += 1
+    return argv
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(joined_launcher_args(parser, sys.argv[1:] if argv is None else argv))
     if args.autotuning:
         from ..autotuning.command import main as autotuning_main  # imports torch: only when asked
 
         return autotuning_main(args, parser)
     try:
         job, to_start = plan(args)
+        if args.launcher in MPI_LAUNCHERS:
+            return run_mpi(mpi_job(args, job), args.dry_run)
         shell = remote_shell_for(args.launcher)
         if args.dry_run:
             for node in to_start:
                 print(f"# node {node.rank} ({node.host}, slots {','.join(map(str, node.slots))})")
                 print(node_argv_display(job, node, shell, args.ssh_port))
             return 0
-        check_reachable([n.host for n in to_start if not n.local], shell, args.ssh_port)
-        return Supervisor(job, to_start, shell, args.ssh_port).run()
+        if not args.no_ssh_check:
+            check_reachable([n.host for n in to_start if not n.local], shell, args.ssh_port,
+                            options=job.launcher_args)
+        return Supervisor(node_launches(job, to_start, shell, args.ssh_port), job.cwd, job.grace).run()
     except LaunchError as exc:
         print(f"dstrain: error: {exc}", file=sys.stderr)
         return 2
+
+
+def run_mpi(mj: mpi.MpiJob, dry_run: bool = False) -> int:
+    """Start every rank with one mpirun / srun and supervise it as a node (signals, parent death, orphans)."""
+    program = mpi.PROGRAM[mj.flavour]
+    hosts = mpi.hostfile_text(mj)
+    if dry_run:
+        if hosts is not None:
+            print("# <hostfile>, written to a private temporary folder at launch:")
+            print("".join(f"#   {line}\n" for line in hosts.splitlines()), end="")
+        print(f"# run by the node agent, which stops {program} and what it leaves if the launcher dies:")
+        print(shlex.join(mpi.command(mj, "<hostfile>" if hosts is not None else None)))
+        return 0
+    import shutil
+    import tempfile
+
+    if shutil.which(mpi.PROBE[mj.flavour]) is None or shutil.which(program) is None:
+        raise LaunchError(f"--launcher {mj.flavour}: {mpi.TITLE[mj.flavour]}'s {mpi.PROBE[mj.flavour]!r} is not "
+                          f"on the PATH; install it ({mpi.INSTALL[mj.flavour]}), or use --launcher ssh")
+    with tempfile.TemporaryDirectory(prefix="dstrain-hosts-") as folder:  # mode 0700: only we read it
+        hostfile = None
+        if hosts is not None:
+            hostfile = os.path.join(folder, "hostfile")
+            with open(os.open(hostfile, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+                f.write(hosts)
+        # Under the node agent, as torchrun is: its keeper is a subreaper, so what a rank leaves (a helper in a
+        # session of its own) is still stopped when mpirun, or the launcher, dies. srun's tasks are SLURM's: it
+        # stops every process of a step when the step ends.
+        argv = supervised(mj.job, mpi.command(mj, hostfile))
+        env = {**os.environ, **mpi.exports(mj)}
+        return Supervisor([Launch(program, f"[{program}] ", tuple(argv), env)], mj.job.cwd, mj.job.grace).run()
 
 
 if __name__ == "__main__":

@@ -19,8 +19,9 @@ NODE_AGENT = str(HERE / "_node.py")
 RANK_ENTRY = str(HERE / "_rank.py")
 
 # Variables every node's ranks need to see the same (DeepSpeed exports NCCL*, PYTHON*, UCX*, MV2*).
-EXPORT_PREFIXES = ("NCCL", "PYTHON", "UCX", "MV2", "FI_", "GLOO_", "TORCH_", "OMP_", "DSTRAIN_", "DSAIO_")
+EXPORT_PREFIXES = ("NCCL", "PYTHON", "UCX", "MV2", "MLFLOW", "FI_", "GLOO_", "TORCH_", "OMP_", "DSTRAIN_", "DSAIO_")
 ENV_FILES = (".deepspeed_env", ".dstrain_env")  # KEY=VALUE lines for every node, from ~ and the cwd
+ENV_FILE_VARIABLE = "DS_ENV_FILE"  # DeepSpeed's: another name (or path) for .deepspeed_env
 LOOPBACK = {"localhost", "127.0.0.1", "::1", "ip6-localhost"}
 # Names go unquoted into a remote node's shell line (`env NAME=value`): only plain names are safe there.
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -50,6 +51,7 @@ class Job:
     extra_env: dict[str, str] = field(default_factory=dict)
     grace: float = 10.0  # seconds between SIGTERM and SIGKILL when stopping
     bind_cores: str | None = None  # pin each rank to its share of these cores ('all' or a core list)
+    launcher_args: tuple[str, ...] = ()  # --launcher_args, split: options for ssh / pdsh / mpirun / srun
 
 
 def is_local_host(host: str) -> bool:
@@ -79,8 +81,12 @@ def node_env(job: Job, node: Node) -> dict[str, str]:
 
 
 def agent_argv(job: Job, node: Node) -> list[str]:
-    return [job.python, "-u", NODE_AGENT, "--watch-stdin", "--grace", str(job.grace), "--",
-            *torchrun_argv(job, node)]
+    return supervised(job, torchrun_argv(job, node))
+
+
+def supervised(job: Job, argv: list[str]) -> list[str]:
+    """`argv` run by the node agent, which stops it and whatever it leaves when the launcher dies (see _node.py)."""
+    return [job.python, "-u", NODE_AGENT, "--watch-stdin", "--grace", str(job.grace), "--", *argv]
 
 
 def remote_command(job: Job, node: Node) -> str:
@@ -91,17 +97,30 @@ def remote_command(job: Job, node: Node) -> str:
 
 
 def ssh_argv(host: str, command: str, ssh_port: int | None = None, options: tuple[str, ...] = ()) -> list[str]:
+    """`options`: ssh's own (--launcher_args), before the host."""
     port = ["-p", str(ssh_port)] if ssh_port else []
     # BatchMode: fail at once instead of prompting for a password nobody can type. '--': whatever
     # the host is called, ssh never reads it as an option.
     return ["ssh", "-o", "BatchMode=yes", *options, *port, "--", check_host(host, "host"), command]
 
 
-def pdsh_argv(host: str, command: str) -> list[str]:
-    # One host per pdsh so each node gets its own rank and exit code (-S); the ssh port and user
-    # come from ~/.ssh/config, as for pdsh's other uses.
+def pdsh_argv(host: str, command: str, options: tuple[str, ...] = ()) -> list[str]:
+    """`options`: pdsh's own (--launcher_args), after the host as DeepSpeed puts them."""
+    # One host per pdsh so each node gets its own rank and exit code (-S); the ssh port comes from
+    # remote_shell_env (--ssh_port) or ~/.ssh/config, the user from ~/.ssh/config.
     # pdsh reads -w as a host list ('^file', '-host', '/regex/'): checking the name keeps it one host.
-    return ["pdsh", "-S", "-R", "ssh", "-w", check_host(host, "host"), command]
+    return ["pdsh", "-S", "-R", "ssh", "-w", check_host(host, "host"), *options, command]
+
+
+def remote_shell_env(remote_shell: str, ssh_port: int | None, environ: dict[str, str] | None = None
+                     ) -> dict[str, str] | None:
+    """The environment ssh / pdsh run in: pdsh takes the ssh port from PDSH_SSH_ARGS_APPEND, as DeepSpeed
+    sets it; None (the launcher's own) otherwise."""
+    if remote_shell != "pdsh" or not ssh_port:
+        return None
+    environ = dict(os.environ if environ is None else environ)
+    environ["PDSH_SSH_ARGS_APPEND"] = f"{environ.get('PDSH_SSH_ARGS_APPEND', '')} -p {int(ssh_port)}".strip()
+    return environ
 
 
 def exported_environment(environ: dict[str, str], home: str | None = None, cwd: str | None = None) -> dict[str, str]:
@@ -111,8 +130,9 @@ def exported_environment(environ: dict[str, str], home: str | None = None, cwd: 
         if not ENV_NAME.fullmatch(key):
             raise LaunchError(f"environment variable {key!r} cannot be passed to other nodes: {ENV_NAME_RULE}; "
                               "unset it or rename it")
+    names = (environ.get(ENV_FILE_VARIABLE) or ENV_FILES[0], *ENV_FILES[1:])
     for folder in (home or os.path.expanduser("~"), cwd or os.getcwd()):  # the job's folder wins
-        for name in ENV_FILES:
+        for name in names:
             path = Path(folder) / name
             if path.is_file():
                 env.update(read_env_file(path))
@@ -140,7 +160,9 @@ def node_argv(job: Job, node: Node, remote_shell: str = "ssh", ssh_port: int | N
     if node.local:
         return agent_argv(job, node)
     command = remote_command(job, node)
-    return pdsh_argv(node.host, command) if remote_shell == "pdsh" else ssh_argv(node.host, command, ssh_port)
+    if remote_shell == "pdsh":
+        return pdsh_argv(node.host, command, job.launcher_args)
+    return ssh_argv(node.host, command, ssh_port, job.launcher_args)
 
 
 def node_argv_display(job: Job, node: Node, remote_shell: str = "ssh", ssh_port: int | None = None) -> str:

@@ -5,6 +5,12 @@ failing node's exit code is returned), or when the launcher receives SIGINT, SIG
 (everything is stopped and 128 + signal is returned). Stopping closes each node's stdin and sends
 it SIGTERM; its agent stops its ranks and exits; whatever still runs after the grace period is
 killed from a snapshot of the process tree.
+
+The launcher is a child subreaper while it runs a job: when a node agent dies (even by SIGKILL), its
+keeper, torchrun and the ranks are re-parented here rather than to init, and the launcher does not
+return before they are gone (it SIGTERMs what it adopts, SIGKILLs what is left after the grace
+period). Each node process has a parent-death signal (SIGTERM), so a launcher that dies stops its
+nodes too: the agents also watch their stdin, whose other end only the launcher holds.
 """
 
 from __future__ import annotations
@@ -16,9 +22,10 @@ import subprocess
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 from . import _proctree
-from .commands import Job, Node, node_argv, node_env, pdsh_argv, ssh_argv
+from .commands import Job, Node, node_argv, node_env, pdsh_argv, remote_shell_env, ssh_argv
 from .errors import LaunchError
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -29,7 +36,7 @@ def _say(message: str) -> None:
 
 
 def check_reachable(hosts: list[str], remote_shell: str, ssh_port: int | None = None,
-                    timeout: float = 15.0) -> None:
+                    timeout: float = 15.0, options: tuple[str, ...] = ()) -> None:
     """Run `true` on every remote host at once; one error lists each host that cannot be reached."""
     if not hosts:
         return
@@ -38,10 +45,11 @@ def check_reachable(hosts: list[str], remote_shell: str, ssh_port: int | None = 
                           "install it, or list only localhost in the hostfile, or use --launcher local")
 
     def probe(host: str) -> str | None:
-        argv = (pdsh_argv(host, "true") if remote_shell == "pdsh"
-                else ssh_argv(host, "true", ssh_port, ("-o", "ConnectTimeout=10")))
+        argv = (pdsh_argv(host, "true", options) if remote_shell == "pdsh"
+                else ssh_argv(host, "true", ssh_port, ("-o", "ConnectTimeout=10", *options)))
         try:
-            done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
+            done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout,
+                                  env=remote_shell_env(remote_shell, ssh_port))
         except subprocess.TimeoutExpired:
             return f"{host}: no answer within {timeout:.0f} s"
         if done.returncode == 0:
@@ -69,21 +77,44 @@ def _pump(stream, sink, tag: bytes) -> None:
     stream.close()
 
 
-class Supervisor:
-    """Owns the node processes of one job."""
+@dataclass(frozen=True)
+class Launch:
+    """One process the launcher starts and watches: a node's agent (here, or over ssh / pdsh), or the
+    job's one mpirun / srun (`--launcher openmpi|mpich|impi|mvapich|slurm`)."""
 
-    def __init__(self, job: Job, nodes: list[Node] | None = None, remote_shell: str = "ssh",
-                 ssh_port: int | None = None) -> None:
-        self.job = job
-        self.nodes = list(job.nodes) if nodes is None else nodes  # --no_ssh starts only its own
-        self.remote_shell = remote_shell
-        self.ssh_port = ssh_port
-        self.procs: list[tuple[Node, subprocess.Popen]] = []
+    name: str  # in messages: "node 1 (worker-1)", "mpirun"
+    tag: str  # the prefix of its output lines when several run at once
+    argv: tuple[str, ...]
+    env: dict[str, str] | None = None  # its whole environment; None: the launcher's own
+    hint_255: str | None = None  # what exit code 255 means for it (ssh's own failure)
+
+
+def node_launches(job: Job, nodes: list[Node] | None = None, remote_shell: str = "ssh",
+                  ssh_port: int | None = None) -> list[Launch]:
+    """One launch per node: its agent, as a child here or through ssh / pdsh."""
+    launches = []
+    for node in list(job.nodes) if nodes is None else nodes:
+        env = {**os.environ, **node_env(job, node)} if node.local else remote_shell_env(remote_shell, ssh_port)
+        hint = (f"exit code 255 is ssh's own: the connection to {node.host} failed or dropped"
+                if not node.local and remote_shell == "ssh" else None)
+        launches.append(Launch(f"node {node.rank} ({node.host})", f"[node{node.rank} {node.host}] ",
+                               tuple(node_argv(job, node, remote_shell, ssh_port)), env, hint))
+    return launches
+
+
+class Supervisor:
+    """Owns the processes of one job: the node agents, or the one mpirun / srun."""
+
+    def __init__(self, launches: list[Launch], cwd: str, grace: float = 10.0) -> None:
+        self.launches = launches
+        self.cwd = cwd
+        self.grace = grace
+        self.procs: list[tuple[Launch, subprocess.Popen]] = []
         self._stop = threading.Event()
         self._signal: int | None = None
         self._pumps: list[threading.Thread] = []
         # Several nodes write to one terminal: prefix their lines, as pdsh does, to keep them apart.
-        self.prefix = len(self.nodes) > 1
+        self.prefix = len(self.launches) > 1
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         if self._signal is None:
@@ -91,21 +122,20 @@ class Supervisor:
         self._stop.set()
 
     def start(self) -> None:
-        for node in self.nodes:
-            env = {**os.environ, **node_env(self.job, node)} if node.local else None
-            argv = node_argv(self.job, node, self.remote_shell, self.ssh_port)
+        for launch in self.launches:
             try:
                 # A session of its own: a Ctrl-C in the terminal reaches only the launcher, which
                 # then stops every node the same way, whatever shell or tty it was started from.
                 out = subprocess.PIPE if self.prefix else None
-                proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=out, stderr=out, env=env,
-                                        cwd=self.job.cwd, start_new_session=True)
+                proc = subprocess.Popen(list(launch.argv), stdin=subprocess.PIPE, stdout=out, stderr=out,
+                                        env=launch.env, cwd=self.cwd, start_new_session=True,
+                                        preexec_fn=_proctree.dies_with_parent(signal.SIGTERM))
             except OSError as exc:
                 self.stop()
-                raise LaunchError(f"cannot start node {node.rank} ({node.host}): {exc}") from exc
-            self.procs.append((node, proc))
+                raise LaunchError(f"cannot start {launch.name}: {exc}") from exc
+            self.procs.append((launch, proc))
             if self.prefix:
-                tag = f"[node{node.rank} {node.host}] ".encode()
+                tag = launch.tag.encode()
                 for stream, sink in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr)):
                     pump = threading.Thread(target=_pump, args=(stream, sink, tag), daemon=True)
                     pump.start()
@@ -113,9 +143,9 @@ class Supervisor:
 
     def wait(self) -> int:
         """Block until the job ends; return its exit code."""
-        failed: tuple[Node, int] | None = None
+        failed: tuple[Launch, int] | None = None
         while not self._stop.wait(0.1):
-            codes = [(node, proc.poll()) for node, proc in self.procs]
+            codes = [(launch, proc.poll()) for launch, proc in self.procs]
             failed = next(((n, c) for n, c in codes if c not in (None, 0)), None)  # type: ignore[misc]
             if failed is not None or all(c == 0 for _, c in codes):
                 break
@@ -124,21 +154,21 @@ class Supervisor:
             self.stop()
             return 128 + self._signal
         if failed is not None:
-            node, code = failed
+            launch, code = failed
             code = 128 - code if code < 0 else code
             if len(self.procs) > 1:
-                _say(f"node {node.rank} ({node.host}) exited with code {code}; stopping the other nodes")
-            if not node.local and code == 255 and self.remote_shell == "ssh":
-                _say(f"(exit code 255 is ssh's own: the connection to {node.host} failed or dropped)")
+                _say(f"{launch.name} exited with code {code}; stopping the other nodes")
+            if code == 255 and launch.hint_255:
+                _say(f"({launch.hint_255})")
             self.stop()
             return code
         self.stop()  # sweeps anything a finished node left behind
         return 0
 
     def stop(self) -> None:
-        tree = []
-        for _, proc in self.procs:
-            tree += _proctree.with_start_time(proc.pid) + _proctree.descendants(proc.pid)
+        # Before signalling: afterwards the links break. What we adopted (a killed agent's keeper,
+        # torchrun, ranks) is below us too.
+        tree = _proctree.descendants(os.getpid())
         for _, proc in self.procs:
             if proc.poll() is None:
                 try:
@@ -147,10 +177,10 @@ class Supervisor:
                     proc.terminate()
                 except OSError:
                     pass
-        leftover = _proctree.wait_gone(tree, self.job.grace + 5.0)
-        if leftover:
-            _say(f"{len(leftover)} process(es) did not stop within {self.job.grace + 5.0:.0f} s; killing them")
-            _proctree.kill_all(leftover)
+        # Each node stops its own tree; anything re-parented to us (its node agent died) gets SIGTERM at once.
+        killed = _proctree.sweep(tree, self.grace + 5.0, own=tuple(proc.pid for _, proc in self.procs))
+        if killed:
+            _say(f"{len(killed)} process(es) did not stop within {self.grace + 5.0:.0f} s; killed them")
         for _, proc in self.procs:
             try:
                 proc.wait(timeout=5)
@@ -162,6 +192,7 @@ class Supervisor:
 
     def run(self) -> int:
         previous = {sig: signal.signal(sig, self._on_signal) for sig in STOP_SIGNALS}
+        _proctree.become_subreaper()  # orphans of the job come to us, not to init (see the module's docstring)
         try:
             self.start()
             return self.wait()

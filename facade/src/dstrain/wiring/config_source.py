@@ -1,6 +1,6 @@
 """Where `initialize()` gets its config: `config`, `config_params` or `args.deepspeed_config`, resolved
-at the data-parallel world size, "auto" tuning knobs resolved by dsconfig's table and every other
-"auto" placeholder refused by name."""
+at the data-parallel world size, "auto" tuning knobs resolved by dsconfig's table, every other
+"auto" placeholder refused by name, and offload sizes held to what this machine has."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import warnings
 from typing import Any
 
 import dsconfig
+import dszero
 from dsconfig import ConfigError, DeepSpeedConfig, Problem
 
 
@@ -66,4 +67,7 @@ def load_config(source: Any, data_parallel_size: int, *, strict: bool = False,
     if left:
         raise ConfigError([Problem(path, 'is still "auto": give it a value (the Hugging Face Trainer fills '
                                          'these in; a plain script must)') for path in left])
+    # Sizes this machine cannot give (NVMe offload's buffers, the aio queue) are refused here, by key, not
+    # when the buffers exhaust the host or the first swap fails.
+    dszero.check_offload_resources(cfg.zero_optimization, cfg.aio)
     return cfg, raw

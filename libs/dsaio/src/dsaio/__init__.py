@@ -14,6 +14,7 @@ from .checkpoint import (
     load,
     load_state_dict,
     load_with_metadata,
+    read_metadata,
     save,
     save_state_dict,
 )
@@ -21,11 +22,13 @@ from .engines import backends
 from .errors import AioError
 from .gds import gds_handle
 from .handle import aio_handle
+from .limits import QueueLimits, queue_limits
 from .locked import free_cpu_locked_tensor, new_cpu_locked_tensor
 
 __all__ = [
     "AioError",
     "CheckpointError",
+    "QueueLimits",
     "__version__",
     "aio_handle",
     "backends",
@@ -36,6 +39,8 @@ __all__ = [
     "load_state_dict",
     "load_with_metadata",
     "new_cpu_locked_tensor",
+    "queue_limits",
+    "read_metadata",
     "save",
     "save_state_dict",
 ]

@@ -14,6 +14,7 @@ from ._files import open_file
 from ._ops import Op
 from .engines import Engine, Tuning, get_engine
 from .errors import AioError, short_read
+from .limits import queue_limits
 from .locked import free_cpu_locked_tensor as _free_locked
 from .locked import new_cpu_locked_tensor as _new_locked
 
@@ -37,6 +38,11 @@ class aio_handle:  # DeepSpeed's name, lower case
                               bool(single_submit), bool(overlap_events))
         self._parallelism = _positive("intra_op_parallelism", intra_op_parallelism)
         self._engine: Engine = get_engine(engine)
+        limits = queue_limits(self._engine.name)
+        if limits.queue_depth is not None and queue_depth > limits.queue_depth:
+            raise ValueError(f"aio_handle: queue_depth {queue_depth} is deeper than the {self._engine.name} engine's "
+                             f"kernel queues may be here (at most {limits.queue_depth}: {limits.source}); 8 to 128 "
+                             f"are typical")
         self._pool: ThreadPoolExecutor | None = None
         self._pending: list[Op] = []
         self._lock = threading.Lock()

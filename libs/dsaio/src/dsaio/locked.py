@@ -18,6 +18,7 @@ import numpy as np
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _locked: dict[int, tuple[mmap.mmap, int, bool]] = {}  # data address -> (mapping, length, locked)
+_pinned: set[int] = set()  # data addresses of torch's pinned tensors handed out (with CUDA)
 _lock = threading.Lock()
 _warned = False
 
@@ -49,7 +50,10 @@ def new_cpu_locked_tensor(num_elem: int, example_tensor: Any) -> Any:
         import torch
 
         if torch.cuda.is_available():
-            return torch.empty(num_elem, dtype=example_tensor.dtype, pin_memory=True)
+            pinned = torch.empty(num_elem, dtype=example_tensor.dtype, pin_memory=True)
+            with _lock:  # remembered, so free_cpu_locked_tensor knows it came from here (torch frees the memory)
+                _pinned.add(pinned.data_ptr())
+            return pinned
     itemsize = example_tensor.itemsize if is_numpy else example_tensor.element_size()
     length = max(num_elem * itemsize, 1)
     mapping = mmap.mmap(-1, length)  # page-aligned and zero-filled by the kernel
@@ -76,6 +80,9 @@ def free_cpu_locked_tensor(tensor: Any) -> bool:
     Returns False for a buffer that did not come from there."""
     with _lock:
         entry = _locked.pop(_address(tensor), None)
+        if entry is None and _address(tensor) in _pinned:
+            _pinned.discard(_address(tensor))
+            return True
     if entry is None:
         return False
     mapping, length, locked = entry
@@ -88,4 +95,5 @@ def free_cpu_locked_tensor(tensor: Any) -> bool:
 def is_locked(tensor: Any) -> bool:
     with _lock:
         entry = _locked.get(_address(tensor))
-    return bool(entry and entry[2])
+        pinned = _address(tensor) in _pinned
+    return pinned or bool(entry and entry[2])

@@ -8,7 +8,7 @@
     dscomm.all_reduce(tensor, group=groups.data)
 """
 
-from . import checkpointing, groups
+from . import checkpointing, groups, watchdog
 from . import exit_settle as exit_settle  # registers its exit function (see its docstring)
 from ._version import __version__
 from .backend import (
@@ -105,4 +105,5 @@ __all__ = [
     "reduce_scatter_tensor",
     "reset_comms_log",
     "send",
+    "watchdog",
 ]

@@ -18,6 +18,7 @@ import warnings
 import torch
 import torch.distributed as dist
 
+from . import discovery
 from .errors import CommError
 
 log = logging.getLogger("dscomm")
@@ -93,9 +94,11 @@ def init_distributed(dist_backend: str | None = None, timeout: datetime.timedelt
     """Join (or create) the default process group.
 
     Ranks come from the arguments, else from torchrun's RANK / WORLD_SIZE / LOCAL_RANK /
-    MASTER_ADDR / MASTER_PORT, else the process is a world of one. The backend is nccl when CUDA is
-    available and gloo otherwise. `auto_mpi_discovery`, `verbose` and `config` are accepted for
-    DeepSpeed compatibility.
+    MASTER_ADDR / MASTER_PORT, else (with `auto_mpi_discovery`, as in DeepSpeed) from the variables an
+    MPI launcher (OpenMPI, MPICH, Intel MPI, MVAPICH) or SLURM's srun sets, which are then exported as
+    torch's (see dscomm.discovery; MASTER_PORT defaults to `distributed_port`), else the process is a
+    world of one. The backend is nccl when CUDA is available and gloo otherwise. `verbose` and `config`
+    are accepted for DeepSpeed compatibility.
     """
     global _timeout, _shut_down_by
     if dist.is_initialized():
@@ -110,6 +113,8 @@ def init_distributed(dist_backend: str | None = None, timeout: datetime.timedelt
         raise CommError(f"timeout must be a datetime.timedelta, not {type(timeout).__name__} ({timeout!r})")
     _timeout = timeout or DEFAULT_TIMEOUT
     backend = _checked_backend(dist_backend) if dist_backend else default_backend()  # '' as before: the default
+    if auto_mpi_discovery and rank < 0 and world_size < 0:
+        _adopt_launcher_environment(distributed_port, verbose)
     rank, world_size = _ranks(rank, world_size, init_method)
 
     store = None
@@ -132,6 +137,26 @@ def init_distributed(dist_backend: str | None = None, timeout: datetime.timedelt
         torch.cuda.set_device(get_local_rank())
     if verbose and rank == 0:
         log.info("dscomm: initialised %s with %d rank(s) via %s", backend, world_size, where)
+
+
+def _adopt_launcher_environment(distributed_port: int, verbose: bool) -> None:
+    """Export an MPI or SLURM launcher's ranks as torch's variables, as DeepSpeed's MPI discovery does
+    (from the environment alone: no mpi4py)."""
+    if discovery.has_torch_environment(os.environ):
+        return
+    try:
+        found = discovery.discover(os.environ, distributed_port)
+    except ValueError as exc:
+        raise CommError(f"init_distributed: cannot read this process's rank from its launcher: {exc}") from None
+    if found is None:
+        return
+    exported = found.torch_environment()
+    if found.world_size == 1 and "MASTER_ADDR" not in os.environ:  # a world of one needs no port (none to collide)
+        exported = {k: v for k, v in exported.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
+    os.environ.update(exported)
+    if verbose and found.rank == 0:
+        log.info("dscomm: %s launched %d rank(s); rendezvous at %s:%d", found.source, found.world_size,
+                 found.master_addr, found.master_port)
 
 
 def _ranks(rank: int, world_size: int, init_method: str | None) -> tuple[int, int]:
@@ -218,13 +243,14 @@ def destroy(synchronize: bool = True) -> None:
     its peers are gone. (The abort once seen at the exit of such scripts under load came from a gloo
     worker freeing a tensor during finalization; exit_settle.py handles that.)
     """
-    from . import groups
+    from . import groups, watchdog
 
     groups.reset()
     if is_initialized():
         if synchronize and dist.get_world_size() > 1:
             with contextlib.suppress(Exception):  # a peer already gone: leave anyway
                 dist.barrier()
+        watchdog.stop()  # this rank leaves on purpose: its peers stop watching it
         dist.destroy_process_group()
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import emulation
+from . import emulation, watchdog
 from .backend import get_timeout, shut_down_after_failure, shut_down_by
 from .errors import CommError
 from .logger import LOGGER, Record, Timer
@@ -64,6 +64,7 @@ def _nbytes(tensor: torch.Tensor) -> int:
 
 def _run(op: str, *, tensor: torch.Tensor | None, nbytes: int, group: Any, async_op: bool, log_name: str | None,
          prof: bool, native: Callable[[], Any], emulated: Callable[[], None] | None = None) -> CommHandle | None:
+    watchdog.record_collective(op, group)
     record = timer = None
     if LOGGER.wants(op, prof):
         cuda = tensor is not None and tensor.is_cuda

@@ -15,6 +15,7 @@ from .fields import AUTO
 from .jsonio import read_source
 from .keys import requested_unsupported
 from .loader import load
+from .resources import MachineLimits, resource_problems
 from .schema import json_schema
 from .sections import (
     ActivationCheckpointingConfig,
@@ -46,6 +47,7 @@ from .sections import (
     RandomLTDConfig,
     RandomLTDSchedule,
     RandomLTDScheduleConfig,
+    RankWatchdogConfig,
     SchedulerConfig,
     TensorBoardConfig,
     TensorParallelConfig,
@@ -87,6 +89,7 @@ __all__ = [
     "FlopsProfilerConfig",
     "HybridEngineConfig",
     "LegacyCurriculumConfig",
+    "MachineLimits",
     "OffloadOptimizerConfig",
     "OffloadParamConfig",
     "OptimizerConfig",
@@ -95,6 +98,7 @@ __all__ = [
     "RandomLTDConfig",
     "RandomLTDSchedule",
     "RandomLTDScheduleConfig",
+    "RankWatchdogConfig",
     "SchedulerConfig",
     "TPLayerSpec",
     "TPPartitionConfig",
@@ -109,4 +113,5 @@ __all__ = [
     "read_source",
     "requested_unsupported",
     "resolve_auto",
+    "resource_problems",
 ]

@@ -23,9 +23,13 @@ class MetricIndex:
         self.spec = spec
         self.by_value = MMapIndexedDataset(spec.index_to_sample_path, skip_warmup=True)
         self.samples = self.by_value.flat()
-        if self.samples.size and int(self.samples.max()) >= dataset_size:
-            raise DataEfficiencyError(f"{spec.index_to_sample_path}: sample index {int(self.samples.max())} is outside "
-                                      f"the dataset of {dataset_size} samples (was it analyzed on another dataset?)")
+        if self.samples.size:
+            # A negative index would silently wrap to the end of the dataset (numpy and Python indexing).
+            low, high = int(self.samples.min()), int(self.samples.max())
+            if low < 0 or high >= dataset_size:
+                raise DataEfficiencyError(f"{spec.index_to_sample_path}: sample index {low if low < 0 else high} is "
+                                          f"outside the dataset of {dataset_size} samples (valid: 0 to "
+                                          f"{dataset_size - 1}; was it analyzed on another dataset?)")
         self.row_starts = np.concatenate([[0], np.cumsum(np.asarray(self.by_value.sizes, dtype=np.int64))])
         self.values = None
         if spec.difficulty_type == "value":

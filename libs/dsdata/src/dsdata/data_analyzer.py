@@ -30,7 +30,8 @@ import numpy as np
 import torch
 from torch.utils.data import BatchSampler, DataLoader, SequentialSampler, Subset
 
-from . import analyzer_reduce
+from . import analyzer_parts, analyzer_reduce
+from ._processes import end_with_parent
 from .errors import DataEfficiencyError
 from .indexed_dataset import as_numpy_dtype, close_mmap_dataset_builder, create_mmap_dataset_builder
 from .logs import logger
@@ -60,7 +61,8 @@ class DataAnalyzer:
                  metric_types: Sequence[str] = [], metric_dtypes: Sequence[Any] = [],
                  save_path: str = "./", collate_fn: Callable | None = None, custom_map_init: Callable | None = None,
                  custom_map_update: Callable | None = None, custom_map_finalize: Callable | None = None,
-                 custom_reduce: Callable | None = None, sample_indices: Sequence[int] | None = None):
+                 custom_reduce: Callable | None = None, sample_indices: Sequence[int] | None = None, *,
+                 run_id: str | None = None):
         for name, value in (("num_workers", num_workers), ("num_threads", num_threads),
                             ("num_threads_reduce", num_threads_reduce), ("batch_size", batch_size)):
             if not isinstance(value, int) or value < 1:
@@ -106,6 +108,10 @@ class DataAnalyzer:
         self.custom_map_finalize = custom_map_finalize
         self.custom_reduce = custom_reduce
         self.sample_indices = sample_indices
+        self.run_id = analyzer_parts.checked_run_id(run_id) if run_id is not None else None
+        self.map_run_id: str | None = None  # the run id this analyzer's run_map wrote its parts under
+        self.run_scope = "analysis"  # or "worker": an id this worker made alone (see analyzer_parts)
+        self._agreed_run_id: str | None = None  # run_map_reduce's, for the run_map it calls
 
     # ------------------------------------------------------------------ map
     def run_map(self) -> None:
@@ -113,6 +119,7 @@ class DataAnalyzer:
         worker_start, worker_end = split_index(0, len(self.dataset), self.num_workers)[self.worker_id]
         self.thread_splits = split_index(worker_start, worker_end, self.num_threads)
         threads = self.specific_threads or list(range(self.num_threads))
+        self._choose_run(threads)
         if self.num_threads == 1:
             self.run_map_helper(0)
             return
@@ -136,15 +143,32 @@ class DataAnalyzer:
             raise DataEfficiencyError(f"DataAnalyzer worker {self.worker_id}: map failed in {', '.join(failed)}; "
                                       f"its error is printed above")
 
+    def _choose_run(self, threads: list[int]) -> None:
+        """The run this map's parts record: the given (or agreed) one; with specific_threads (rerunning some
+        threads of a worker) the run the worker's other parts belong to; else a new one."""
+        if self.run_id is not None or self._agreed_run_id is not None:
+            self.map_run_id, self.run_scope = self.run_id or self._agreed_run_id, "analysis"
+            return
+        others = [thread_directory(self.save_path, name, self.worker_id, t) for name in self.metric_names
+                  for t in range(self.num_threads) if t not in threads]
+        found = {analyzer_parts.run_of(part) for part in others}
+        if others and len(found) == 1 and None not in found:
+            self.map_run_id, self.run_scope = found.pop()
+            return
+        self.map_run_id = analyzer_parts.new_run_id()
+        self.run_scope = "analysis" if self.num_workers == 1 else "worker"
+
     def _fork_thread(self, thread: int) -> int:
         # A plain fork (not multiprocessing): the children inherit the dataset and the metric functions, and
         # the analyzer also runs inside daemonic processes (a distributed launcher's ranks).
         sys.stdout.flush()
         sys.stderr.flush()
+        parent = os.getpid()
         pid = os.fork()
         if pid == 0:
             code = 0
             try:
+                end_with_parent(parent)
                 self._run_thread(thread)
             except BaseException:
                 traceback.print_exc()
@@ -161,6 +185,12 @@ class DataAnalyzer:
 
     def run_map_helper(self, thread_id: int) -> None:
         start, end = self.thread_splits[thread_id]
+        if self.map_run_id is None:  # called on its own, as DeepSpeed's scripts may
+            self._choose_run([thread_id])
+        run_id = self.map_run_id
+        directories = [thread_directory(self.save_path, name, self.worker_id, thread_id) for name in self.metric_names]
+        for directory in directories:
+            analyzer_parts.forget(directory)
         subset = Subset(self.dataset, range(start, end))
         batches = BatchSampler(SequentialSampler(subset), batch_size=self.batch_size, drop_last=False)
         loader = DataLoader(subset, batch_sampler=batches, num_workers=0, collate_fn=self.collate_fn)
@@ -176,7 +206,17 @@ class DataAnalyzer:
             progress.update(done)
         finalize = self.custom_map_finalize or self.finalize_metric_results
         finalize(self.metric_types, self.metric_dtypes, results)
+        for directory, expected in zip(directories, self._part_fields(self.worker_id, thread_id)):
+            analyzer_parts.record(directory, run_id=run_id, run_scope=self.run_scope, **expected)
         progress.finish(done)
+
+    def _part_fields(self, worker: int, thread: int) -> list[dict]:
+        """What the part of (worker, thread) records for each metric: where it sits and what it computed."""
+        worker_start, worker_end = split_index(0, len(self.dataset), self.num_workers)[worker]
+        start, end = split_index(worker_start, worker_end, self.num_threads)[thread]
+        return [{"metric": name, "metric_type": kind, "worker": worker, "thread": thread, "start": start, "end": end,
+                 "num_workers": self.num_workers, "num_threads": self.num_threads, "dataset_size": len(self.dataset)}
+                for name, kind in zip(self.metric_names, self.metric_types)]
 
     def init_metric_results(self, thread_id: int, metric_names, metric_types, metric_dtypes, save_path,
                             worker_id) -> list[dict]:
@@ -231,9 +271,13 @@ class DataAnalyzer:
             self.custom_reduce(self.dataset, self.metric_names, self.metric_types, self.save_path, self.num_workers,
                                self.num_threads, self.num_threads_reduce)
             return
-        for name, kind in zip(self.metric_names, self.metric_types):
-            parts = [thread_directory(self.save_path, name, w, t)
-                     for w in range(self.num_workers) for t in range(self.num_threads)]
+        layout = [(w, t) for w in range(self.num_workers) for t in range(self.num_threads)]
+        fields = {where: self._part_fields(*where) for where in layout}
+        for index, (name, kind) in enumerate(zip(self.metric_names, self.metric_types)):
+            parts = [thread_directory(self.save_path, name, w, t) for w, t in layout]
+            run = analyzer_parts.check_parts(name, parts, [fields[where][index] for where in layout],
+                                             self.map_run_id or self.run_id)
+            logger.info(f"metric {name}: merging {len(parts)} map part(s) of run {run}")
             if kind == SINGLE_VALUE:
                 analyzer_reduce.reduce_single_value(name, os.path.join(self.save_path, name), parts, len(self.dataset))
             else:
@@ -241,8 +285,14 @@ class DataAnalyzer:
 
     def run_map_reduce(self, comm_group: Any = None) -> None:
         """run_map on every worker, then worker 0 reduces; collective over `comm_group` when distributed."""
-        self.run_map()
         distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        # Every worker's parts under one run id: the given one, or one worker 0 makes for this run (agreed on
+        # every rank alike, so that a run_id given to some ranks only cannot leave the others in a collective).
+        self._agreed_run_id = _agreed_run_id(comm_group) if distributed else None
+        try:
+            self.run_map()
+        finally:
+            self._agreed_run_id = None
         if distributed:
             torch.distributed.barrier(group=comm_group)  # every worker's map files are written
         elif self.num_workers > 1:
@@ -252,6 +302,16 @@ class DataAnalyzer:
             self.run_reduce()
         if distributed:
             torch.distributed.barrier(group=comm_group)  # the merged files exist before anyone reads them
+
+
+def _agreed_run_id(group: Any) -> str:
+    """A fresh run id made by the group's first rank, as raw bytes in a tensor (nothing is unpickled)."""
+    dist = torch.distributed
+    device = torch.device("cuda", torch.cuda.current_device()) if "nccl" in str(dist.get_backend(group)) else "cpu"
+    chosen = torch.tensor(list(bytes.fromhex(analyzer_parts.new_run_id())), dtype=torch.uint8, device=device)
+    source = dist.get_global_rank(group, 0) if group is not None else 0
+    dist.broadcast(chosen, source, group=group)
+    return bytes(chosen.cpu().tolist()).hex()
 
 
 def _batch_length(data: Any) -> int:

@@ -5,8 +5,11 @@
 below), item count N (u64), document count D (u64), then N int32 item lengths, N int64 byte offsets
 into `.bin`, and D int64 document boundaries. `.bin`: the items' values in that dtype, in order.
 
-Reading checks every header field against the file sizes before use: a truncated or crafted file
-fails with DataEfficiencyError naming the file, never with a numpy error or a read past the end.
+Reading checks every header field against the file sizes before use, every item offset against the
+back-to-back layout the format writes (so `flat()` and every item read the same bytes; an offset that
+overlaps, leaves a gap or wraps past int64 is refused) and the document boundaries: a truncated or
+crafted file fails with DataEfficiencyError naming the file, never with a numpy error, a read past
+the end, or silently wrong items.
 """
 
 from __future__ import annotations
@@ -184,7 +187,7 @@ class MMapIndexedDataset:
                                           f"prefix with .idx and .bin files)")
         self._dtype, self._sizes, self._pointers, self._doc_idx = _read_index(index)
         self._data = _map(data)
-        _check_extents(index, data, self._dtype, self._sizes, self._pointers, self._data.size)
+        _check_layout(index, data, self._dtype, self._sizes, self._pointers, self._doc_idx, self._data.size)
 
     @staticmethod
     def exists(path: str | os.PathLike) -> bool:
@@ -271,16 +274,42 @@ def _read_index(path: str) -> tuple[np.dtype, np.ndarray, np.ndarray, np.ndarray
     return DTYPE_CODES[code], sizes, pointers, doc_idx
 
 
-def _check_extents(index: str, data: str, dtype: np.dtype, sizes: np.ndarray, pointers: np.ndarray,
-                   data_bytes: int) -> None:
-    if sizes.size == 0:
-        return
-    if (sizes < 0).any() or (pointers < 0).any():
-        raise DataEfficiencyError(f"{index}: negative item lengths or offsets")
-    ends = pointers + sizes.astype(np.int64) * dtype.itemsize
-    if int(ends.max()) > data_bytes or (pointers % dtype.itemsize).any():
-        raise DataEfficiencyError(f"{index}: items reach past the end of {data} ({data_bytes} bytes) or start "
-                                  f"between {dtype} values")
+CHECK_CHUNK = 1 << 22  # items checked at a time: a few arrays of this many int64, whatever the dataset's size
+
+
+def _check_layout(index: str, data: str, dtype: np.dtype, sizes: np.ndarray, pointers: np.ndarray,
+                  doc_idx: np.ndarray, data_bytes: int) -> None:
+    """Every item where the format puts it: back to back from byte 0 (what `flat()` and the sampler read),
+    within the `.bin`; document boundaries ascending within the items. Checked in whole-array steps."""
+    count = int(sizes.size)
+    if count and int(sizes.min()) < 0:
+        raise DataEfficiencyError(f"{index}: item {int(np.argmax(sizes < 0))} has a negative length "
+                                  f"({int(sizes.min())})")
+    offset = 0  # where the next item starts; a stretch adds at most CHECK_CHUNK * 2**34 bytes: no int64 overflow
+    for begin in range(0, count, CHECK_CHUNK):
+        lengths = sizes[begin:begin + CHECK_CHUNK].astype(np.int64) * dtype.itemsize
+        ends = np.cumsum(lengths) + offset
+        misplaced = np.flatnonzero(pointers[begin:begin + CHECK_CHUNK] != ends - lengths)
+        if misplaced.size:
+            item = begin + int(misplaced[0])
+            raise DataEfficiencyError(
+                f"{index}: item {item} starts at byte {int(pointers[item])} of {data}, but items are stored back to "
+                f"back, so it starts at byte {int(ends[misplaced[0]] - lengths[misplaced[0]])} (offsets that "
+                f"overlap, leave gaps or overflow are refused)")
+        offset = int(ends[-1])
+        if offset > data_bytes:
+            raise DataEfficiencyError(f"{index}: the first {begin + lengths.size} of {count} items take {offset} "
+                                      f"bytes, past the end of {data} ({data_bytes} bytes)")
+    if doc_idx.size == 0:
+        raise DataEfficiencyError(f"{index}: no document boundaries (the format starts them with 0)")
+    if int(doc_idx[0]) != 0 or bool((np.diff(doc_idx) < 0).any()) or int(doc_idx[-1]) > count:
+        raise DataEfficiencyError(f"{index}: document boundaries must start at 0 and ascend to at most the item "
+                                  f"count ({count}); they are {_preview(doc_idx)}")
+
+
+def _preview(values: np.ndarray, limit: int = 8) -> str:
+    shown = ", ".join(str(int(v)) for v in values[:limit])
+    return f"[{shown}{', ...' if values.size > limit else ''}] ({values.size} values)"
 
 
 def create_mmap_dataset_builder(fname: str | os.PathLike, dtype: Any) -> MMapIndexedDatasetBuilder:

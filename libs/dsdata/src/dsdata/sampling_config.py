@@ -60,6 +60,8 @@ def sampling_spec(data_efficiency: Any) -> SamplingSpec:
             if missing:
                 raise DataEfficiencyError(f"{where}: schedule_based clustering by {difficulty_type} needs "
                                           f"{', '.join(missing)} (the data analyzer's output)")
+        if difficulty_type == "percentile":
+            _check_percentiles(metric, where)
         scheduler = {key: metric.get(key) for key in ("min_difficulty", "max_difficulty", "schedule_type")}
         scheduler["schedule_config"] = metric.get("schedule_config") or {}
         metrics.append(MetricSpec(name, scheduler, difficulty_type, clustering_type,
@@ -69,3 +71,14 @@ def sampling_spec(data_efficiency: Any) -> SamplingSpec:
     return SamplingSpec(seed=int(section.get("seed", 1234)), num_epochs=int(sampling.get("num_epochs", 1000)),
                         num_workers=int(sampling.get("num_workers", 0)), curriculum=enabled,
                         metrics=tuple(metrics) if enabled else (), data_cluster_path=curriculum.get("data_cluster_path"))
+
+
+def _check_percentiles(metric: dict, where: str) -> None:
+    """Percentile difficulties cut the samples ordered by value into max_difficulty shares, so 0 admits none."""
+    for key in ("min_difficulty", "max_difficulty"):
+        value = metric.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 100):
+            raise DataEfficiencyError(f"{where}.{key} = {value!r}: a percentile must be an integer from 0 to 100")
+    if metric.get("max_difficulty") == 0:
+        raise DataEfficiencyError(f"{where}.max_difficulty = 0: a percentile curriculum must end above 0 percent of "
+                                  f"the samples (valid: 1 to 100; 100 is the whole dataset)")

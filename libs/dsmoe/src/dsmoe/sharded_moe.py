@@ -18,6 +18,7 @@ from torch.nn import functional as F
 import dscomm
 
 from .capacity import check_gate_settings, expert_capacity
+from .checks import non_finite_message
 from .dispatch import DISPATCH_MODES, choose_dispatch, dense_moe, sparse_moe
 from .errors import MoEError
 from .experts import Experts
@@ -26,6 +27,14 @@ from .noise import gumbel_rsample, multiplicative_jitter
 
 __all__ = ["MOELayer", "TopKGate", "gumbel_rsample", "multiplicative_jitter", "top1gating", "top2gating",
            "topkgating"]
+
+
+class GateLinear(nn.Linear):
+    """The gate's projection, in float32 whatever the model's dtype (as DeepSpeed's gate computes). Called as a
+    module, so whatever hooks a module's forward sees it (ZeRO stage 3 gathers its weight there)."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return F.linear(input.float(), self.weight.float())
 
 
 class TopKGate(nn.Module):
@@ -45,7 +54,7 @@ class TopKGate(nn.Module):
         if noisy_gate_policy == "RSample" and k > 1:
             warnings.warn(f"noisy_gate_policy='RSample' applies to top-1 gates only; this gate is top-{k} and "
                           f"routes without it (as DeepSpeed's does)", stacklevel=3)
-        self.wg = nn.Linear(model_dim, num_experts, bias=False)
+        self.wg = GateLinear(model_dim, num_experts, bias=False)
         self.ep_group = ep_group
         self.num_experts = num_experts
         self.k = k
@@ -57,6 +66,7 @@ class TopKGate(nn.Module):
         self.use_rts = use_rts
         self.top2_2nd_expert_sampling = top2_2nd_expert_sampling
         self.generator = generator
+        self.layer_name: str | None = None  # the model's name for the layer (dsmoe.moe_layers sets it), for errors
 
     def _set_ep_group(self, ep_group: Any) -> None:
         self.ep_group = ep_group
@@ -81,19 +91,25 @@ class TopKGate(nn.Module):
         features = input.float()
         if self.noisy_gate_policy == "Jitter" and self.training:
             features = multiplicative_jitter(features, self.generator)
-        logits = F.linear(features, self.wg.weight.float())
+        logits = self.wg(features)
+        # Read only after the routing below, which waits for the device anyway (its nonzero): no extra sync.
+        finite = torch.isfinite(logits).all()
         grouped = self.ep_group is not None and dist.get_world_size(self.ep_group) > 1
         reduce = self._reduce_max_load if (global_capacity and grouped and not self.drop_tokens) else None
         factor = self.current_capacity_factor()
         if self.k == 1:
-            return route_top1(logits, factor, self.min_capacity, used_token,
-                              self.noisy_gate_policy if self.training else None, self.drop_tokens, self.use_rts,
-                              generator=self.generator, reduce_max_load=reduce)
-        if self.k == 2:
-            return route_top2(logits, factor, self.min_capacity, self.drop_tokens,
-                              top2_2nd_expert_sampling=self.top2_2nd_expert_sampling, generator=self.generator,
-                              reduce_max_load=reduce)
-        return route_topk(logits, self.k, factor, self.min_capacity, self.drop_tokens, reduce_max_load=reduce)
+            routing = route_top1(logits, factor, self.min_capacity, used_token,
+                                 self.noisy_gate_policy if self.training else None, self.drop_tokens, self.use_rts,
+                                 generator=self.generator, reduce_max_load=reduce)
+        elif self.k == 2:
+            routing = route_top2(logits, factor, self.min_capacity, self.drop_tokens,
+                                 top2_2nd_expert_sampling=self.top2_2nd_expert_sampling, generator=self.generator,
+                                 reduce_max_load=reduce)
+        else:
+            routing = route_topk(logits, self.k, factor, self.min_capacity, self.drop_tokens, reduce_max_load=reduce)
+        if not bool(finite):
+            raise MoEError(non_finite_message(self.layer_name, input, self.wg.weight, logits))
+        return routing
 
     def forward(self, input: torch.Tensor, used_token: torch.Tensor | None = None):
         return self.route(input, used_token).deepspeed_outputs()

@@ -31,10 +31,14 @@ def is_moe_param_group(param_group: dict[str, Any]) -> bool:
 
 
 def moe_layers(module: nn.Module) -> list[tuple[str, nn.Module]]:
-    """(name, layer) of every MoE layer in `module`, in module order: the order DeepSpeed numbers them."""
+    """(name, layer) of every MoE layer in `module`, in module order: the order DeepSpeed numbers them.
+    Each layer's gate learns its name here, so that its errors name the layer."""
     from .layer import MoE
 
-    return [(name, sub) for name, sub in module.named_modules() if isinstance(sub, MoE)]
+    found = [(name, sub) for name, sub in module.named_modules() if isinstance(sub, MoE)]
+    for name, layer in found:
+        layer.deepspeed_moe.gate.layer_name = name or type(module).__name__
+    return found
 
 
 def has_moe_layers(module: nn.Module) -> tuple[bool, int]:

@@ -2,22 +2,17 @@
 
 import atexit
 import contextlib
+import functools
 import operator
 import weakref
 from collections.abc import Iterable
 
+from . import lifetime
 from ._rank import current_rank
 from .backends import CometMonitor, CSVMonitor, TensorBoardMonitor, WandbMonitor
 from .backends.base import Backend
 from .errors import MonitorConfigError, MonitorError
 from .writer import BackendWorker
-
-
-def _close_at_exit(ref: "weakref.ref[MonitorMaster]") -> None:
-    # A script that forgets close() still gets its last events written.
-    master = ref()
-    if master is not None:
-        master.close()
 
 
 def _checked_value(value):
@@ -62,12 +57,16 @@ class MonitorMaster:
     `name`, `write_events`, `flush` and `close` (see `Backend`), run like the built-in ones.
     Backends receive queued events every `write_interval` seconds, at flush() and at close();
     a backend more than `max_pending` batches behind drops new events (counted, warned once).
+    Whatever was handed to write_events is written by the time the process ends, whether or not
+    close() was called or the master is still referenced; with `flush_on_sigterm` (the default),
+    on SIGTERM too (lifetime.py).
     """
 
     def __init__(self, tensorboard=None, wandb=None, comet=None, csv_monitor=None, *,
                  rank: int | None = None, write_rank: int | None = 0, max_pending: int = 10_000,
                  write_interval: float = 0.1,
-                 close_timeout: float | None = 60.0, extra_backends: Iterable[Backend] = ()) -> None:
+                 close_timeout: float | None = 60.0, extra_backends: Iterable[Backend] = (),
+                 flush_on_sigterm: bool = True) -> None:
         if not write_interval > 0:
             raise MonitorConfigError(f"write_interval must be a positive number of seconds, got {write_interval}")
         if max_pending < 1:
@@ -78,6 +77,7 @@ class MonitorMaster:
         self.backends: dict[str, Backend] = {}
         self._workers: tuple[BackendWorker, ...] = ()
         self._closed = False
+        self._exit_hook = None
         if write_rank is not None and self.rank != write_rank:
             return
         subdir = "" if write_rank is not None else f"rank{self.rank}"
@@ -108,9 +108,15 @@ class MonitorMaster:
             raise MonitorError(f"could not start the {key} monitor on rank {self.rank}: "
                                f"{type(exc).__name__}: {exc}") from exc
         self._workers = tuple(BackendWorker(b, max_pending, write_interval) for b in self.backends.values())
-        # Registered after the backends started: atexit runs hooks last-in first-out, so this
-        # close runs before wandb's / comet's own exit hooks tear their runs down.
-        atexit.register(_close_at_exit, weakref.ref(self))
+        lifetime.track(self._workers)
+        # The exit hook holds the writers, not the master: a master dropped with the engine that made it
+        # still has its queues written. Registered after the backends started: atexit runs hooks last-in
+        # first-out, so this close runs before wandb's / comet's own exit hooks tear their runs down.
+        self._exit_hook = functools.partial(lifetime.close_workers, self._workers, close_timeout)
+        atexit.register(self._exit_hook)
+        weakref.finalize(self, lifetime.drain, self._workers).atexit = False  # dropped: written now, not at exit
+        if flush_on_sigterm:
+            lifetime.install_sigterm_flush()
 
     @classmethod
     def from_config(cls, config, **kwargs) -> "MonitorMaster":
@@ -145,8 +151,9 @@ class MonitorMaster:
         if self._closed:
             return
         self._closed = True
-        for worker in self._workers:
-            worker.close(self.close_timeout)
+        if self._exit_hook is not None:
+            atexit.unregister(self._exit_hook)
+        lifetime.close_workers(self._workers, self.close_timeout)
 
     def _close_backends(self) -> None:
         for backend in self.backends.values():

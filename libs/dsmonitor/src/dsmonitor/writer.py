@@ -34,6 +34,8 @@ class BackendWorker:
         self.failures = 0
         self.last_error: BaseException | None = None
         self._pending: collections.deque = collections.deque()
+        self._stop_posted = False
+        self._closed = False
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"dsmonitor-{backend.name}", daemon=True)
         self._thread.start()
@@ -59,15 +61,24 @@ class BackendWorker:
         self._wake.set()
         return done.wait(timeout)
 
+    def request_stop(self) -> None:
+        """Ask the thread to write what is pending, flush the backend and end; returns at once."""
+        if not self._stop_posted:
+            self._stop_posted = True
+            self._pending.append(_STOP)
+            self._wake.set()
+
     def close(self, timeout: float | None) -> bool:
         """Write what is pending, stop the thread, close the backend. False if it did not finish."""
-        self._pending.append(_STOP)
-        self._wake.set()
+        if self._closed:
+            return True
+        self.request_stop()
         self._thread.join(timeout)
         if self._thread.is_alive():
             logger.error("dsmonitor: the %s monitor did not finish writing within %s s; "
                          "its remaining events are lost", self.backend.name, timeout)
             return False
+        self._closed = True
         self._guarded(self.backend.close)
         return True
 
@@ -87,6 +98,7 @@ class BackendWorker:
                 self._write(batch)
                 batch = []
                 if item is _STOP:
+                    self._guarded(self.backend.flush)  # on disk now, even if nobody waits for close()
                     return
                 self._guarded(self.backend.flush)
                 item.set()

@@ -20,11 +20,15 @@ from .fragments import (
     safe_get_full_optimizer_state,
     safe_set_full_fp32_param,
 )
+from .held import HeldParameters
+from .inference import ZeroInference
 from .init import Init
 from .layout import GroupLayout, Slot
+from .offload.resources import check_offload_resources
 from .optimizer import ZeroOptimizer
 from .precision import DynamicLossScaler, LossScaler, Precision
 from .quantize import QuantSpec
+from .status import ZeroParamStatus
 from .units import GatheredParameters
 from .whole_tensors import TensorShards, WholeTensor
 from .zeropp import ZeroPPSettings
@@ -34,6 +38,7 @@ __all__ = [
     "DynamicLossScaler",
     "GatheredParameters",
     "GroupLayout",
+    "HeldParameters",
     "Init",
     "LossScaler",
     "Precision",
@@ -43,9 +48,12 @@ __all__ = [
     "WholeTensor",
     "ZeroConfigError",
     "ZeroError",
+    "ZeroInference",
     "ZeroOptimizer",
     "ZeroPPSettings",
+    "ZeroParamStatus",
     "__version__",
+    "check_offload_resources",
     "convert_zero_checkpoint_to_fp32_state_dict",
     "estimate_zero2_model_states_mem_needs_all_cold",
     "estimate_zero2_model_states_mem_needs_all_live",

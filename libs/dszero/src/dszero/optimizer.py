@@ -172,7 +172,6 @@ class ZeroOptimizer:
                 value = taken.get(key)
                 if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                     raise ZeroError(f"optimizer param group {index}: {key} = {value!r} must be a positive integer")
-            self.policies.partition.check_group(self, index, group)
             settings.append({"group": group, "average_over": taken.get("gradient_average_over"),
                              "norm_replicas": taken.get("norm_replicas", 1)})
         return settings

@@ -63,7 +63,7 @@ class Stage3:
         self.read_ahead = PrefetchPlan(2 * self.prefetch.bucket) if nvme else None
         self.in_forward: set[int] = set()  # units whose module's forward is running
         self.in_backward: set[int] = set()  # units gathered for a backward whose gradients are not reduced yet
-        self.reducing: list[tuple[Unit, PendingShard]] = []  # reduce-scatters in flight, oldest first
+        self.reducing: list[tuple[Unit, PendingShard, int]] = []  # reduce-scatters in flight, oldest first
         self.units = units
         self.live = [0]  # elements of partitioned units gathered now, kept by the units themselves (Unit.tally)
         for unit in units:
@@ -157,11 +157,20 @@ class Stage3:
         spare = getattr(unit.home, "spare_buffers", None)
         return spare is None or spare() > 1
 
+    def _held(self, module) -> bool:
+        # Gathered by HeldParameters for a block of forwards (generation): no gather, release or bookkeeping
+        # here, so the step's prefetch and reuse plans never see those forwards.
+        return all(unit.held for unit in self.units_of_module[id(module)])
+
     def _before_forward(self, module, args):
+        if self._held(module):
+            return
         self.in_forward.update(id(u) for u in self.units_of_module[id(module)])
         self._need(module, True)
 
     def _after_forward(self, module, args, output):
+        if self._held(module):
+            return
         # Released now unless reused soon; the backward pre-hook gathers them again before autograd reads them.
         for unit in self.units_of_module[id(module)]:
             self.in_forward.discard(id(unit))
@@ -171,6 +180,9 @@ class Stage3:
             unit.release()
 
     def _before_backward(self, module, grad_output):
+        if self._held(module):
+            raise ZeroError("a backward ran through parameters held gathered by HeldParameters (generation runs "
+                            "without gradients); leave the block before training")
         self._need(module, False)
         self.in_backward.update(id(u) for u in self.units_of_module[id(module)])
 
@@ -195,21 +207,32 @@ class Stage3:
         """The unit's gradients into a flat buffer (cast into the wire dtype as they are copied), its
         reduce-scatter launched; the unit is released at once. The reduction runs while backward goes on,
         and its result is added into the unit's shard (in the shard's dtype) when it completes: at the
-        latest when the next but one unit is launched, or when backward ends."""
+        latest when the next but one unit is launched, or when backward ends. A unit over a process group of
+        its own (experts over their expert-data group) is reduced over it and divided by its average_over."""
         flat = self._flat_gradients(unit)
         unit.release()
         self.reuse.released(id(unit))
         self.in_backward.discard(id(unit))
-        if self.world == 1:
-            unit.grad_shard.add_(flat)
-        elif self.routes is not None:
+        world = unit.layout.world_size
+        divisor = (unit.average_over or world) if self.average else 1
+        averaged = self.average and divisor == world  # the collective averages over its own ranks
+        then_divide = 1 if averaged else divisor  # experts: summed over their group, divided by the data-parallel size
+        if world == 1:
+            self._add(unit, flat, then_divide)
+        elif self.routes is not None and unit.group is self.group:  # ZeRO++'s routes are the data group's
             out = torch.empty(unit.grad_shard.numel(), dtype=flat.dtype, device=flat.device)
-            unit.grad_shard.add_(self.routes.reduce_scatter(unit, out, flat, average=self.average))
+            self._add(unit, self.routes.reduce_scatter(unit, out, flat, average=averaged), then_divide)
         else:
-            self.reducing.append((unit, start_reduce_scatter(flat, self.group, average=self.average,
-                                                             log_name="zero3_reduce_scatter")))
+            self.reducing.append((unit, start_reduce_scatter(flat, unit.group, average=averaged,
+                                                             log_name="zero3_reduce_scatter"), then_divide))
             if len(self.reducing) > REDUCTIONS_IN_FLIGHT:
                 self._complete_oldest()
+
+    @staticmethod
+    def _add(unit: Unit, reduced: torch.Tensor, divisor: int) -> None:
+        if divisor != 1:
+            reduced.div_(divisor)
+        unit.grad_shard.add_(reduced)
 
     def _flat_gradients(self, unit: Unit) -> torch.Tensor:
         """The unit's gradients in its flat layout and the wire dtype (padding and missing ones as zeros);
@@ -232,8 +255,8 @@ class Stage3:
         return flat
 
     def _complete_oldest(self) -> None:
-        unit, pending = self.reducing.pop(0)
-        unit.grad_shard.add_(pending.wait())
+        unit, pending, divisor = self.reducing.pop(0)
+        self._add(unit, pending.wait(), divisor)
 
     def _complete_reductions(self) -> None:
         while self.reducing:

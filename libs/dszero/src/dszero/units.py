@@ -20,6 +20,7 @@ from .errors import ZeroError
 from .layout import GroupLayout
 from .offload.param_homes import DeviceHome
 from .offload.pinned import host_copy
+from .status import ZeroParamStatus, next_param_id
 from .wire import gather_shards
 
 # Modules whose forward uses their children's parameters directly (not by calling the children).
@@ -34,9 +35,11 @@ class Unit:
     """
 
     routes: Any = None  # ZeRO++ (zeropp/): how forward/backward gathers travel; None: the plain all-gather
+    average_over: int | None = None  # what the unit's summed gradient is divided by (None: its group's size)
 
     tally: list[int] | None = None  # Stage3's running count of gathered partitioned elements (max_live_parameters)
     _gathered = False
+    held = False  # HeldParameters (held.py): gathered for a whole block of forwards; the hooks leave it alone
 
     @property
     def gathered(self) -> bool:
@@ -47,6 +50,14 @@ class Unit:
         if value != self._gathered and self.tally is not None and not self.persistent:
             self.tally[0] += self.layout.padded_numel if value else -self.layout.padded_numel
         self._gathered = value
+        self._publish_status()
+
+    def _publish_status(self) -> None:
+        """DeepSpeed's param.ds_status on every parameter of the unit (status.py)."""
+        status = (ZeroParamStatus.NOT_AVAILABLE if not self._gathered else
+                  ZeroParamStatus.INFLIGHT if getattr(self, "pending", None) is not None else ZeroParamStatus.AVAILABLE)
+        for param in self.params:
+            param.ds_status = status
 
     def __init__(self, module: torch.nn.Module, params: list[torch.nn.Parameter], names: list[str], world: int,
                  rank: int, master_dtype: torch.dtype, persistent: bool, group: Any, homes: Any = None,
@@ -92,6 +103,8 @@ class Unit:
         for param, slot in zip(params, self.layout.slots):
             param._dszero_unit = self  # lets GatheredParameters find the unit of any parameter
             param.ds_shape, param.ds_numel = slot.shape, slot.numel  # DeepSpeed's names, for user code
+            if not hasattr(param, "ds_id"):  # kept when a stage-3 optimizer takes over dszero.Init's unit
+                param.ds_id = next_param_id()
         self.gathered = True
         self.pending: Any = None  # the handles of an asynchronous (prefetch) gather still in flight
         self.gather_count = 0  # all-gathers done, for tests and reports
@@ -143,11 +156,12 @@ class Unit:
         self.pending.wait()
         self.pending = None
         self.home.done()  # the shard's fetched copy (an NVMe read buffer) may go only now
+        self._publish_status()
 
     def release(self) -> None:
         if self.pending is not None:
             self._finish()  # the collective writes into the buffer until then
-        if self.persistent or not self.gathered:
+        if self.persistent or not self.gathered or self.held:
             return
         # Parameters become empty tensors (reading one is an error, never a read of freed memory),
         # and the buffer's memory goes back to the allocator.
@@ -228,13 +242,17 @@ def modules_reading(module: torch.nn.Module) -> list[tuple[torch.nn.Module, list
 
 def partition_units(module: torch.nn.Module, optimizer: torch.optim.Optimizer, group: Any, master_dtype: torch.dtype,
                     persistence_threshold: int, homes: Any = None, master_device: torch.device | None = None,
-                    pin_master: bool = False, own_master: bool = False) -> list[Unit]:
+                    pin_master: bool = False, own_master: bool = False,
+                    group_settings: list[dict[str, Any]] | None = None) -> list[Unit]:
     """Every trainable parameter of `optimizer` in a unit of the first module that reads it, one unit per
     module and optimizer group, in module order (every rank builds the same units in the same order:
     each broadcasts rank 0's weights). Units under `persistence_threshold` elements stay gathered. The
     optimizer's groups are rebound to the units' master shards; the units are returned in that order,
-    which is how the optimizer's state_dict numbers them."""
-    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    which is how the optimizer's state_dict numbers them.
+
+    group_settings: per optimizer group, the process group its units are partitioned over ("group",
+    default `group`) and what their summed gradients are divided by ("average_over", default that
+    group's size): experts over their expert-data group, divided by the data-parallel size."""
     names = {id(p): n for n, p in module.named_parameters()}
     group_of = {id(p): i for i, g in enumerate(optimizer.param_groups) for p in g["params"] if p.requires_grad}
     unit_of_param: dict[int, Unit] = {}
@@ -244,8 +262,12 @@ def partition_units(module: torch.nn.Module, optimizer: torch.optim.Optimizer, g
         for index in sorted({group_of[id(p)] for p in own}):
             params = [p for p in own if group_of[id(p)] == index]
             numel = sum(full_numel(p) for p in params)
-            unit = Unit(submodule, params, [names[id(p)] for p in params], world, rank, master_dtype,
-                        numel < persistence_threshold, group, homes, master_device, pin_master, own_master)
+            settings = group_settings[index] if group_settings else {}
+            unit_group = settings.get("group", group)
+            unit = Unit(submodule, params, [names[id(p)] for p in params], dist.get_world_size(unit_group),
+                        dist.get_rank(unit_group), master_dtype, numel < persistence_threshold, unit_group, homes,
+                        master_device, pin_master, own_master)
+            unit.average_over = settings.get("average_over")
             per_group[index].append(unit)
             for p in params:
                 unit_of_param[id(p)] = unit

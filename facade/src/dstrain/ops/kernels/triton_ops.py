@@ -4,7 +4,8 @@ Same functions, signatures and numbers as `torch_ops` (where dropout is off: the
 Philox stream, not torch's generator). Every kernel converts what it loads to float32 at once: the
 arithmetic is float32 for half inputs, and the CPU interpreter (TRITON_INTERPRET=1), which computes bfloat16
 wrongly, sees no bfloat16 math. Dropout masks are a pure function of (seed, element index): backward and
-recomputation draw them again instead of reading them from memory.
+recomputation draw them again instead of reading them from memory. Addresses are computed in 64 bits: a
+tensor of more than 2**31 elements (the attention probabilities of long sequences) is within reach of a GPU.
 """
 
 from __future__ import annotations
@@ -20,11 +21,24 @@ _ELEMENTWISE_BLOCK = 1 << 16 if os.environ.get("TRITON_INTERPRET", "0") == "1" e
 
 
 @triton.jit
+def _block(BLOCK: tl.constexpr):
+    """This program's element offsets (64-bit) and the first one."""
+    first = tl.program_id(0).to(tl.int64) * BLOCK
+    return first + tl.arange(0, BLOCK), first
+
+
+@triton.jit
+def _columns(first, width, BLOCK: tl.constexpr):
+    """The offsets' columns (offset mod width) with one 64-bit remainder per program, 32-bit ones per element."""
+    return ((first % width).to(tl.int32) + tl.arange(0, BLOCK)) % width
+
+
+@triton.jit
 def _bias_gelu_forward_kernel(x_ptr, bias_ptr, y_ptr, numel, width, BLOCK: tl.constexpr):
-    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    offsets, first = _block(BLOCK)
     inside = offsets < numel
     x = tl.load(x_ptr + offsets, mask=inside).to(tl.float32)
-    bias = tl.load(bias_ptr + offsets % width, mask=inside).to(tl.float32)
+    bias = tl.load(bias_ptr + _columns(first, width, BLOCK), mask=inside).to(tl.float32)
     v = x + bias
     # tanh from exp (no tanh in triton.language); the clamp keeps exp finite (tanh(40) is 1 in float32)
     t = 1.0 - 2.0 / (tl.exp(tl.minimum(2.0 * 0.7978845608028654 * (v + 0.044715 * v * v * v), 80.0)) + 1.0)
@@ -34,11 +48,11 @@ def _bias_gelu_forward_kernel(x_ptr, bias_ptr, y_ptr, numel, width, BLOCK: tl.co
 
 @triton.jit
 def _bias_gelu_backward_kernel(grad_ptr, x_ptr, bias_ptr, out_ptr, numel, width, BLOCK: tl.constexpr):
-    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    offsets, first = _block(BLOCK)
     inside = offsets < numel
     grad = tl.load(grad_ptr + offsets, mask=inside).to(tl.float32)
     x = tl.load(x_ptr + offsets, mask=inside).to(tl.float32)
-    bias = tl.load(bias_ptr + offsets % width, mask=inside).to(tl.float32)
+    bias = tl.load(bias_ptr + _columns(first, width, BLOCK), mask=inside).to(tl.float32)
     v = x + bias
     t = 1.0 - 2.0 / (tl.exp(tl.minimum(2.0 * 0.7978845608028654 * (v + 0.044715 * v * v * v), 80.0)) + 1.0)
     slope = 0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * v * v)
@@ -47,7 +61,7 @@ def _bias_gelu_backward_kernel(grad_ptr, x_ptr, bias_ptr, out_ptr, numel, width,
 
 @triton.jit
 def _dropout_kernel(x_ptr, y_ptr, numel, p, seed, BLOCK: tl.constexpr):
-    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    offsets, _ = _block(BLOCK)
     inside = offsets < numel
     x = tl.load(x_ptr + offsets, mask=inside).to(tl.float32)
     keep = tl.rand(seed, offsets) >= p
@@ -57,10 +71,10 @@ def _dropout_kernel(x_ptr, y_ptr, numel, p, seed, BLOCK: tl.constexpr):
 @triton.jit
 def _bias_dropout_residual_kernel(x_ptr, bias_ptr, residual_ptr, y_ptr, numel, width, p, seed,
                                   APPLY_DROPOUT: tl.constexpr, BLOCK: tl.constexpr):
-    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    offsets, first = _block(BLOCK)
     inside = offsets < numel
     x = tl.load(x_ptr + offsets, mask=inside).to(tl.float32)
-    bias = tl.load(bias_ptr + offsets % width, mask=inside).to(tl.float32)
+    bias = tl.load(bias_ptr + _columns(first, width, BLOCK), mask=inside).to(tl.float32)
     residual = tl.load(residual_ptr + offsets, mask=inside).to(tl.float32)
     summed = x + bias
     if APPLY_DROPOUT:
@@ -72,7 +86,7 @@ def _bias_dropout_residual_kernel(x_ptr, bias_ptr, residual_ptr, y_ptr, numel, w
 @triton.jit
 def _layer_norm_forward_kernel(x_ptr, weight_ptr, bias_ptr, y_ptr, mean_ptr, rstd_ptr, width, eps,
                                BLOCK: tl.constexpr):
-    row = tl.program_id(0)
+    row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     inside = cols < width
     x = tl.load(x_ptr + row * width + cols, mask=inside, other=0.0).to(tl.float32)
@@ -101,9 +115,10 @@ def _layer_norm_backward_kernel(grad_ptr, source_ptr, weight_ptr, bias_ptr, mean
     acc_weight = tl.zeros([BLOCK], dtype=tl.float32)
     acc_bias = tl.zeros([BLOCK], dtype=tl.float32)
     first = program * rows_per_program
+    start = first.to(tl.int64) * width  # the row's first element, 64-bit, moved along with the row
     for row in range(first, tl.minimum(first + rows_per_program, rows)):
-        grad = tl.load(grad_ptr + row * width + cols, mask=inside, other=0.0).to(tl.float32)
-        source = tl.load(source_ptr + row * width + cols, mask=inside, other=0.0).to(tl.float32)
+        grad = tl.load(grad_ptr + start + cols, mask=inside, other=0.0).to(tl.float32)
+        source = tl.load(source_ptr + start + cols, mask=inside, other=0.0).to(tl.float32)
         rstd = tl.load(rstd_ptr + row)
         if FROM_OUTPUT:
             x_hat = tl.where(inside, (source - bias) / weight, 0.0)
@@ -113,9 +128,10 @@ def _layer_norm_backward_kernel(grad_ptr, source_ptr, weight_ptr, bias_ptr, mean
         c1 = tl.sum(scaled * x_hat, axis=0) / width
         c2 = tl.sum(scaled, axis=0) / width
         grad_x = (scaled - (x_hat * c1 + c2)) * rstd
-        tl.store(grad_x_ptr + row * width + cols, grad_x.to(grad_x_ptr.dtype.element_ty), mask=inside)
+        tl.store(grad_x_ptr + start + cols, grad_x.to(grad_x_ptr.dtype.element_ty), mask=inside)
         acc_weight += grad * x_hat
         acc_bias += grad
+        start += width
     tl.store(partial_weight_ptr + program * width + cols, acc_weight, mask=inside)
     tl.store(partial_bias_ptr + program * width + cols, acc_bias, mask=inside)
 
@@ -124,7 +140,7 @@ def _layer_norm_backward_kernel(grad_ptr, source_ptr, weight_ptr, bias_ptr, mean
 def _softmax_dropout_forward_kernel(scores_ptr, mask_ptr, probs_ptr, dropped_ptr, length, rows_per_batch,
                                     scale, p, seed, HAS_MASK: tl.constexpr, APPLY_DROPOUT: tl.constexpr,
                                     BLOCK: tl.constexpr):
-    row = tl.program_id(0)
+    row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     inside = cols < length
     logits = tl.load(scores_ptr + row * length + cols, mask=inside, other=0.0).to(tl.float32) * scale
@@ -144,7 +160,7 @@ def _softmax_dropout_forward_kernel(scores_ptr, mask_ptr, probs_ptr, dropped_ptr
 @triton.jit
 def _softmax_dropout_backward_kernel(grad_ptr, probs_ptr, out_ptr, length, scale, p, seed,
                                      APPLY_DROPOUT: tl.constexpr, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
+    row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     inside = cols < length
     grad = tl.load(grad_ptr + row * length + cols, mask=inside, other=0.0).to(tl.float32)

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .format import DTYPES, CheckpointError, Entry
+from .header import decode_header, header_length
 from .reader import read_file
 from .tensors import as_numpy, as_torch, host_bytes, is_torch
 from .writer import write_atomic
@@ -19,11 +20,18 @@ def save(tensors: Mapping[str, Any], path: str | os.PathLike, metadata: Mapping[
     `metadata` is stored as the file's string-to-string `__metadata__`; keys starting with
     "dsaio." are reserved.
     """
+    return _save(tensors, os.fspath(path), checked_metadata(metadata), engine, reserved_ok=False)
+
+
+def checked_metadata(metadata: Mapping[str, str] | None) -> dict[str, str]:
+    """The caller's metadata as a dict, refused unless it maps str to str outside dsaio's "dsaio." keys."""
     metadata = dict(metadata or {})
     for k, v in metadata.items():
         if not isinstance(k, str) or not isinstance(v, str):
             raise TypeError(f"save: metadata must map str to str, got {k!r}: {type(v).__name__}")
-    return _save(tensors, os.fspath(path), metadata, engine, reserved_ok=False)
+    if any(k.startswith("dsaio.") for k in metadata):
+        raise ValueError("save: metadata keys starting with 'dsaio.' are reserved for dsaio")
+    return metadata
 
 
 def _save(tensors: Mapping[str, Any], path: str, metadata: dict[str, str], engine: str | None,
@@ -69,6 +77,22 @@ def load_with_metadata(path: str | os.PathLike, device: str = "cpu", *, framewor
     """`load`, plus the file's `__metadata__` as the caller saved it."""
     tensors, metadata = load_all(path, device, framework, verify, engine)
     return tensors, {k: v for k, v in metadata.items() if not k.startswith("dsaio.")}
+
+
+def read_metadata(path: str | os.PathLike) -> dict[str, str]:
+    """The caller's `__metadata__` of a safetensors file, from its header alone (no tensor data is read).
+
+    The header is checked as `load` checks it (its layout against the file's size, dsaio's checksum over
+    the metadata); the data's checksums are checked only when the data is read."""
+    path = os.fspath(path)
+    with open(path, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        n = header_length(handle.read(8), path, size)
+        raw = handle.read(n)
+    if len(raw) != n:
+        raise CheckpointError(path, f"truncated: the header should be {n} bytes, the file ends after {len(raw)}")
+    metadata = decode_header(raw, path, size - 8 - n, verify=True).metadata
+    return {k: v for k, v in metadata.items() if not k.startswith("dsaio.")}
 
 
 def load_all(path: str | os.PathLike, device: str, framework: str | None, verify: bool,

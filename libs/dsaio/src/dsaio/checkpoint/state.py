@@ -15,11 +15,12 @@ import argparse
 import json
 import math
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from .api import _save, load_all
+from .api import _save, checked_metadata, load_all
 from .format import CheckpointError
 from .header import parse_json, show
 from .tensors import is_torch
@@ -209,12 +210,14 @@ _TAGS = {"__tensor__": _tensor, "__dict__": _dict, "__tuple__": lambda *a: tuple
          "__bytes__": _bytes, "__namespace__": _namespace}
 
 
-def save_state_dict(obj: Any, path: str | os.PathLike, *, engine: str | None = None) -> None:
-    """Writes nested state to a safetensors file, atomically and durably (see `dsaio.save`)."""
+def save_state_dict(obj: Any, path: str | os.PathLike, *, metadata: Mapping[str, str] | None = None,
+                    engine: str | None = None) -> None:
+    """Writes nested state to a safetensors file, atomically and durably (see `dsaio.save`); `metadata`
+    (str to str) is stored beside it in the header, where `dsaio.read_metadata` finds it without the data."""
     tensors: dict[str, Any] = {}
     skeleton = _flatten(obj, "", tensors)
-    _save(tensors, os.fspath(path), {"dsaio.state": json.dumps(skeleton, separators=(",", ":"))}, engine,
-          reserved_ok=True)
+    header = {**checked_metadata(metadata), "dsaio.state": json.dumps(skeleton, separators=(",", ":"))}
+    _save(tensors, os.fspath(path), header, engine, reserved_ok=True)
 
 
 def load_state_dict(path: str | os.PathLike, device: str = "cpu", *, framework: str | None = None,

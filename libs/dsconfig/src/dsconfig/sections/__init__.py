@@ -19,6 +19,7 @@ from .misc import (
     CheckpointConfig,
     CheckpointParallelWriteConfig,
     CompileConfig,
+    RankWatchdogConfig,
 )
 from .monitor import (
     CometConfig,
@@ -70,6 +71,7 @@ __all__ = [
     "RandomLTDConfig",
     "RandomLTDSchedule",
     "RandomLTDScheduleConfig",
+    "RankWatchdogConfig",
     "SchedulerConfig",
     "TPLayerSpec",
     "TPPartitionConfig",

@@ -1,4 +1,4 @@
-"""Autotuning, activation checkpointing, checkpoint files and compiler passes."""
+"""Autotuning, activation checkpointing, checkpoint files, compiler passes and the rank watchdog."""
 
 from typing import Literal
 
@@ -55,3 +55,13 @@ class CompileConfig:
     passes: list[Literal["autosp", "autotp"]] = section(list, "Compiler passes to apply.")
     offload_activation: bool = setting(False, "DeepCompile activation offload (needs a custom schedule).")
     offload_activation_pin_memory: bool = setting(True, "Pin host buffers of activation offload.")
+
+
+@attrs.frozen
+class RankWatchdogConfig:
+    """dstrain's own section (DeepSpeed has none): dscomm's watchdog for ranks that stop answering."""
+
+    enabled: bool = setting(True, "Watch every rank's heartbeat; a silent one is named and the job ends.")
+    timeout: float = setting(240.0, "Seconds without a heartbeat before a rank is named as stopped, on every rank, "
+                                    "and the job ends (exit code 75); the process group's timeout is unchanged.",
+                             gt=0)

@@ -26,8 +26,9 @@ def _grouped_mm_kernel(x_ptr, w_ptr, out_ptr, tile_expert_ptr, tile_row_ptr, exp
                        sxm, sxk, swe, swk, swn, som, son, UPCAST: tl.constexpr, BM: tl.constexpr,
                        BN: tl.constexpr, BK: tl.constexpr):
     tile = tl.program_id(0)
-    expert = tl.load(tile_expert_ptr + tile)
-    row0 = tl.load(tile_row_ptr + tile)
+    # 64-bit addresses: an expert's weights times its index, or rows times the hidden size, pass 2**31
+    expert = tl.load(tile_expert_ptr + tile).to(tl.int64)
+    row0 = tl.load(tile_row_ptr + tile).to(tl.int64)
     row_end = tl.load(expert_end_ptr + expert)
     rows = row0 + tl.arange(0, BM)
     cols = tl.program_id(1) * BN + tl.arange(0, BN)
@@ -54,14 +55,15 @@ def _grouped_mm_kernel(x_ptr, w_ptr, out_ptr, tile_expert_ptr, tile_row_ptr, exp
 def _grouped_wgrad_kernel(x_ptr, dy_ptr, dw_ptr, expert_start_ptr, expert_end_ptr, k_dim, n_cols,
                           sxm, sxk, sym, syn, sde, sdk, sdn, UPCAST: tl.constexpr, BM: tl.constexpr,
                           BN: tl.constexpr, BK: tl.constexpr):
-    expert = tl.program_id(0)
+    tile = tl.program_id(0)  # the (K, N) tiles on the first axis: CUDA caps the others at 65535 programs
+    expert = tl.program_id(1).to(tl.int64)
     tiles_n = tl.cdiv(n_cols, BN)
-    ks = (tl.program_id(1) // tiles_n) * BK + tl.arange(0, BK)
-    cols = (tl.program_id(1) % tiles_n) * BN + tl.arange(0, BN)
+    ks = (tile // tiles_n) * BK + tl.arange(0, BK)
+    cols = (tile % tiles_n) * BN + tl.arange(0, BN)
     k_ok = ks < k_dim
     col_ok = cols < n_cols
-    start = tl.load(expert_start_ptr + expert)
-    end = tl.load(expert_end_ptr + expert)
+    start = tl.load(expert_start_ptr + expert).to(tl.int64)
+    end = tl.load(expert_end_ptr + expert).to(tl.int64)
     acc = tl.zeros((BK, BN), dtype=tl.float32)
     for m0 in range(start, end, BM):
         rows = m0 + tl.arange(0, BM)
@@ -77,6 +79,16 @@ def _grouped_wgrad_kernel(x_ptr, dy_ptr, dw_ptr, expert_start_ptr, expert_end_pt
             acc += tl.dot(tl.trans(a), g)
     tl.store(dw_ptr + expert * sde + ks[:, None] * sdk + cols[None, :] * sdn, acc.to(dw_ptr.dtype.element_ty),
              mask=k_ok[:, None] & col_ok[None, :])
+
+
+def weight_grad_grid(experts: int, k_dim: int, n_cols: int) -> tuple[int, int]:
+    """(K x N tiles, experts): a Mixtral-sized weight has over 65535 tiles, more than CUDA's second axis takes."""
+    return (triton.cdiv(k_dim, BLOCK_K) * triton.cdiv(n_cols, BLOCK_N), experts)
+
+
+def matmul_grid(tiles: int, n_cols: int) -> tuple[int, int]:
+    """(row tiles, N tiles): row tiles unbounded on the first axis; N / BLOCK_N stays far below 65535."""
+    return (tiles, triton.cdiv(n_cols, BLOCK_N))
 
 
 def _upcast(dtype: torch.dtype) -> bool:
@@ -105,7 +117,7 @@ def _matmul(x: torch.Tensor, b: torch.Tensor, sizes: Sequence[int], schedule: tu
     tile_expert, tile_row, _, ends = schedule
     out = x.new_empty((x.shape[0], b.shape[2]))
     if tile_expert.numel():
-        grid = (tile_expert.numel(), triton.cdiv(b.shape[2], BLOCK_N))
+        grid = matmul_grid(tile_expert.numel(), b.shape[2])
         _grouped_mm_kernel[grid](x, b, out, tile_expert, tile_row, ends, b.shape[2], b.shape[1],
                                  x.stride(0), x.stride(1), b.stride(0), b.stride(1), b.stride(2),
                                  out.stride(0), out.stride(1), UPCAST=_upcast(x.dtype), BM=BLOCK_M, BN=BLOCK_N,
@@ -118,7 +130,7 @@ def _weight_grad(x: torch.Tensor, dy: torch.Tensor, experts: int, schedule: tupl
     _, _, starts, ends = schedule
     k_dim, n_cols = x.shape[1], dy.shape[1]
     dw = torch.empty((experts, k_dim, n_cols), dtype=x.dtype, device=x.device)
-    grid = (experts, triton.cdiv(k_dim, BLOCK_K) * triton.cdiv(n_cols, BLOCK_N))
+    grid = weight_grad_grid(experts, k_dim, n_cols)
     _grouped_wgrad_kernel[grid](x, dy, dw, starts, ends, k_dim, n_cols, x.stride(0), x.stride(1),
                                 dy.stride(0), dy.stride(1), dw.stride(0), dw.stride(1), dw.stride(2),
                                 UPCAST=_upcast(x.dtype), BM=BLOCK_M, BN=BLOCK_N, BK=BLOCK_K)

@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from dscomm import watchdog
+
 from ..errors import PipelineError
 from ..schedules.action import Action, Kind
 from .compute import (
@@ -84,6 +86,7 @@ class BatchRun:
         grad_mode = torch.enable_grad() if self.training else torch.no_grad()
         with grad_mode:
             for index, action in enumerate(self.program):
+                watchdog.record(self._describe(action))  # what dscomm's watchdog names, should this rank stop
                 with self._recorded(action):
                     handlers[action.kind](action)
                 if self.lowered:
@@ -98,6 +101,13 @@ class BatchRun:
         if leftover:
             raise PipelineError(f"rank {self.module.global_rank}: the schedule ended with backward passes missing for "
                                 f"(stage:micro-batch) {', '.join(leftover[:8])}")
+
+    def _describe(self, action: Action) -> str:
+        where = f"pipeline action {action} on rank {self.module.global_rank} (pipeline rank {self.rank})"
+        if action.kind.is_comm:
+            stage = action.stage + (1 if action.kind in (Kind.SEND_F, Kind.RECV_B) else -1)
+            return f"{where}, with pipeline rank {self.placement.rank_of[stage]}"
+        return where
 
     @contextlib.contextmanager
     def _recorded(self, action: Action) -> Iterator[None]:

@@ -19,6 +19,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,15 +42,33 @@ if TYPE_CHECKING:
 
 META = "zero_meta.json"
 FORMAT = "dszero-sharded-2"
+RECORD = "record"  # the caller's record: a key of each shard's metadata and of zero_meta.json
+_RECORD: ContextVar[Mapping[str, Any] | None] = ContextVar("dszero_checkpoint_record", default=None)
 
 
-def save(zero: ZeroOptimizer, directory: str | os.PathLike, *, node_local: bool = False) -> Path:
+@contextmanager
+def recording(record: Mapping[str, Any]) -> Iterator[None]:
+    """Saves inside the block store `record` (see `save`): for callers that save through
+    `ZeroOptimizer.save`, which takes no record of its own."""
+    token = _RECORD.set(dict(record))
+    try:
+        yield
+    finally:
+        _RECORD.reset(token)
+
+
+def save(zero: ZeroOptimizer, directory: str | os.PathLike, *, node_local: bool = False,
+         record: Mapping[str, Any] | None = None) -> Path:
     """Write this rank's shards; collective (every rank of the data-parallel group calls it).
 
     node_local: `directory` is on each node's own disk (no shared file system): every node's local
     rank 0 also writes the metadata (and, at stage 0, the replicated groups), so each node holds
     what its ranks need to load.
+    record: the caller's description of this rank's save (JSON-able: which save, which step, where the
+    rank sits in a larger layout), stored in its shard file's metadata under "record" and, from the
+    rank that writes it, in zero_meta.json; default: what `recording` set. The caller checks it at load.
     """
+    record = dict(record if record is not None else _RECORD.get() or {})
     final = checkpoint_directory(directory)
     partial = final.with_name(final.name + ".partial")
     organiser = is_shared_file_writer(final.parent, zero.process_group, node_local)
@@ -59,14 +80,18 @@ def save(zero: ZeroOptimizer, directory: str | os.PathLike, *, node_local: bool 
     mine = [i for i, group in enumerate(zero.groups) if _writes(zero, group, node_local)]
     if mine:
         tensors, entries = _shard_tensors(zero, state, mine)
-        dsaio.save(tensors, partial / shard_name(zero.rank, zero.world),
-                   metadata={"rank": str(zero.rank), "groups": json.dumps(entries)})
+        metadata = {"rank": str(zero.rank), "groups": json.dumps(entries)}
+        if record:
+            metadata[RECORD] = json.dumps(record, sort_keys=True)
+        dsaio.save(tensors, partial / shard_name(zero.rank, zero.world), metadata=metadata)
     dscomm.barrier(group=zero.process_group)
     if organiser:
         meta = {"format": FORMAT, "zero_stage": zero.stage, "world_size": zero.world,
                 "precision": zero.precision.dtype, "scaler": zero.scaler.state_dict(),
                 "skipped_steps": zero.skipped_steps, "group_count": len(zero.groups),
                 "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in state["param_groups"]]}
+        if record:
+            meta[RECORD] = record
         write_text_atomically(partial / META, json.dumps(meta, indent=1))
         write_manifest(partial)
         swap_into_place(partial, final)

@@ -19,8 +19,11 @@ from typing import Any
 
 import torch
 
+from dsconfig.resources import format_bytes
+
 from ..errors import ZeroConfigError
 from .pinned import pinned_empty
+from .resources import memory_bytes
 from .swap_owners import make_swap_dir, remove_stale
 
 ALIGNMENT = 4096  # O_DIRECT-friendly offsets on every file system we meet
@@ -95,6 +98,13 @@ class BufferPool:
 
     def __init__(self, count: int, nbytes: int, pin: bool, key: str):
         nbytes = -(-nbytes // ALIGNMENT) * ALIGNMENT
+        machine = memory_bytes()
+        if count * nbytes > machine:  # refused before the first buffer, not when the host runs out
+            raise ZeroConfigError(
+                f"{key}.buffer_count = {count}: {count} {'pinned ' if pin else ''}host buffers of "
+                f"{format_bytes(nbytes)} each take {format_bytes(count * nbytes)}, but this machine has "
+                f"{format_bytes(machine)} of memory; lower buffer_count "
+                f"(4 to 8 are typical) or the buffers' size (sub_group_size, offload_param.buffer_size)")
         self.nbytes = nbytes
         self.buffers = [pinned_empty(nbytes, torch.uint8, key) if pin else torch.empty(nbytes, dtype=torch.uint8)
                         for _ in range(count)]

@@ -45,9 +45,6 @@ class FlatGroups:
         """Whether every rank holds every master tensor whole (tensor_views works)."""
         return not self.sharded
 
-    def check_group(self, zero: ZeroOptimizer, index: int, group: Any) -> None:
-        """Any process group will do: each flat group is reduced (and sharded) over its own."""
-
     def build(self, zero: ZeroOptimizer, module: torch.nn.Module, optimizer: torch.optim.Optimizer,
               group_settings: list[dict[str, Any]]) -> list[FlatGroup]:
         """The flat groups, the optimizer's groups rebound to their masters; group_settings: each group's
@@ -128,11 +125,6 @@ class PartitionedUnits:
         self.homes: ParamHomes | None = None  # where each unit's shard lives between uses
         self.persistence_threshold = 0
 
-    def check_group(self, zero: ZeroOptimizer, index: int, group: Any) -> None:
-        if group is not zero.process_group:
-            raise ZeroConfigError(f"optimizer param group {index} has its own process_group, which stage 3 does "
-                                  f"not support yet (its units are partitioned over one group); use stage 1 or 2")
-
     def build(self, zero: ZeroOptimizer, module: torch.nn.Module, optimizer: torch.optim.Optimizer,
               group_settings: list[dict[str, Any]]) -> list[Unit]:
         if optimizer.state:
@@ -146,7 +138,8 @@ class PartitionedUnits:
                                 self.persistence_threshold, homes=self.homes,
                                 master_device=torch.device("cpu") if zero.offload else None,
                                 pin_master=bool(zero.offload and offload.pin_memory),
-                                own_master=zero.offload)  # offloaded masters get their own host buffers
+                                own_master=zero.offload,  # offloaded masters get their own host buffers
+                                group_settings=group_settings)
         # norm_replicas needs no group of its own: each unit counts its replicas in the norm (tensor parallel).
         unit_of = {id(unit.master_param): unit for unit in units}
         for settings, param_group in zip(group_settings, optimizer.param_groups):
