@@ -108,3 +108,51 @@ def test_unreadable_layers_and_sources_are_named(tmp_path):
 def test_this_repository_follows_its_layers():
     code, out, err = run(REPO)
     assert code == 0, out + err
+
+
+def test_benchmarks_follow_their_library_line_plus_bench_layers(tmp_path):
+    root = make_repo(tmp_path)
+    write(root, "libs/mid/bench/bench_mid.py", "import low\nimport side\n\n\ndef run():\n    import dstrain\n")
+    write(root, "facade/bench/bench_engine.py", "import dstrain\nimport mid\n")  # the facade's own: all allowed
+    code, out, _ = run(root)
+    assert code == 1, out
+    assert out.splitlines() == [
+        "libs/mid/bench/bench_mid.py:2: mid's benchmark imports side; its bench/ may import only low (noxfile.py "
+        "LAYERS and BENCH_LAYERS); a benchmark that times what users run through side is listed in "
+        "BENCH_LAYERS['mid']",
+        "libs/mid/bench/bench_mid.py:6: mid's benchmark imports dstrain; its bench/ may import only low (noxfile.py "
+        "LAYERS and BENCH_LAYERS); a benchmark that times what users run through dstrain is listed in "
+        "BENCH_LAYERS['mid']",
+    ]
+    allowed = NOXFILE + 'BENCH_LAYERS: dict[str, set[str]] = {"mid": {"dstrain", "side"}}\n'
+    write(root, "noxfile.py", allowed)
+    assert run(root) == (0, "", "")
+    write(root, "libs/mid/src/mid/leak.py", "import dstrain\n")  # BENCH_LAYERS never widens src/
+    assert run(root)[1] == "libs/mid/src/mid/leak.py:1: mid imports dstrain; nothing imports dstrain, the facade\n"
+
+
+def test_bench_layers_themselves_are_checked(tmp_path):
+    root = make_repo(tmp_path, NOXFILE + 'BENCH_LAYERS = {"mid": {"dstrain", "nosuch"}, "ghost": set()}\n')
+    code, out, _ = run(root)
+    assert code == 1
+    assert "noxfile.py BENCH_LAYERS: mid's benchmarks may import nosuch, which is not a library in LAYERS" in out
+    assert "noxfile.py BENCH_LAYERS: ghost is not a library in LAYERS" in out
+    root = make_repo(tmp_path / "bad", NOXFILE + 'BENCH_LAYERS = {"mid": ["dstrain", 3]}\n')
+    code, _, err = run(root)
+    assert code == 2 and "BENCH_LAYERS['mid'] must be a set of library name strings" in err
+
+
+def test_this_repository_reads_its_benchmarks():
+    """Benchmarks that time the engine import dstrain from a lower library; BENCH_LAYERS lists exactly those libraries."""
+    import ast
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("check_layers", TOOL)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    layers = tool.read_layers(REPO / "noxfile.py")
+    through_facade = {lib for lib, bench in tool.bench_dirs(REPO, layers) if lib != "dstrain"
+                      for py in bench.rglob("*.py")
+                      if "dstrain" in {name for _, name in tool.imported_names(ast.parse(py.read_text()))}}
+    assert "dszero" in through_facade
+    assert set(tool.read_layers(REPO / "noxfile.py", "BENCH_LAYERS")) == through_facade

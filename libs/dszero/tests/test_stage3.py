@@ -85,3 +85,22 @@ def gathered_after_evaluation(rank, world):
 def test_empty_partition_cache_releases_what_evaluation_left_gathered():
     before, after, held = run_ranks(gathered_after_evaluation, 1, timeout=60)[0]
     assert before > 0 and after == 0 and held == 0
+
+
+def reductions_in_flight_during_backward(rank, world):
+    model, zero = make(rank, world)
+    seen = []
+    for module in model.modules():  # before each module's backward: how many unit reductions are running
+        module.register_full_backward_pre_hook(lambda m, g: seen.append(len(zero.reducer.reducing)))
+    tokens = next(batches(1, 1, world, rank))[0]
+    zero.backward(loss_of(model, tokens))
+    after = len(zero.reducer.reducing)
+    zero.step()
+    return max(seen), after
+
+
+def test_unit_reduce_scatters_run_beside_the_rest_of_backward():
+    for running, after in run_ranks(reductions_in_flight_during_backward, 2, timeout=60):
+        # Later units' reductions are still in flight when earlier modules' backward starts (at most two),
+        # and none is left once backward has ended.
+        assert 1 <= running <= 2 and after == 0

@@ -6,7 +6,7 @@ import torch.distributed as dist
 
 import dscomm
 from dscomm.testing import run_ranks
-from dszero.wire import ALL_REDUCE_FROM, gather_shards, reduce_scatter
+from dszero.wire import ALL_REDUCE_FROM, gather_shards, reduce_scatter, start_reduce_scatter
 
 
 def compare(rank, world, numel):
@@ -27,6 +27,15 @@ def compare(rank, world, numel):
         out = torch.empty(numel)
         reduce_scatter(out, flat.clone(), None, average=average)
         results[f"reduce_scatter average={average}"] = torch.allclose(out, native, rtol=1e-6, atol=1e-6)
+        # Two launched before either is waited for (as stage 3 does in backward): each its own sums.
+        pending = [start_reduce_scatter(flat.clone() * k, None, average=average) for k in (1, 2)]
+        shards = [p.wait() for p in pending]
+        results[f"started average={average}"] = (torch.allclose(shards[0], native, rtol=1e-6, atol=1e-6)
+                                                 and torch.allclose(shards[1], 2 * native, rtol=1e-6, atol=1e-5))
+        into = torch.empty(numel)
+        results[f"started into out average={average}"] = (
+            start_reduce_scatter(flat.clone(), None, average=average, out=into).wait() is into
+            and torch.equal(into, out))
     results["backend"] = dist.get_backend()
     return results
 

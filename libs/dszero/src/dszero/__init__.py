@@ -30,8 +30,8 @@ from .offload.resources import check_offload_resources
 from .optimizer import ZeroOptimizer
 from .precision import DynamicLossScaler, LossScaler, Precision
 from .quantize import QuantSpec
-from .stage3 import GatheredParameters
 from .status import ZeroParamStatus
+from .units import GatheredParameters
 from .whole_tensors import TensorShards, WholeTensor
 from .zeropp import ZeroPPSettings
 

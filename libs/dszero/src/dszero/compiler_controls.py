@@ -19,7 +19,8 @@ from typing import Any
 import torch
 
 from .errors import ZeroError
-from .stage3 import Stage3, Unit
+from .stage3 import Stage3
+from .units import Unit
 
 
 class CompilerControls:

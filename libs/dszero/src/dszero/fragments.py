@@ -11,11 +11,10 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.distributed as dist
 
 from .errors import ZeroError
 from .layout import Slot
-from .wire import gather_shards
+from .wire import whole_slot
 
 if TYPE_CHECKING:
     from .optimizer import ZeroOptimizer
@@ -40,21 +39,11 @@ def _locate(param: torch.Tensor) -> tuple[ZeroOptimizer, Any, Slot]:
     return zero, zero.groups[found[1]], found[2]
 
 
-def _whole(zero: ZeroOptimizer, group: Any, shard: torch.Tensor, slot: Slot) -> torch.Tensor:
-    """The slot's elements of a group-sharded flat tensor, gathered from every rank of the group."""
-    layout = group.layout
-    if layout.world_size == 1:
-        return shard[slot.offset:slot.end].view(slot.shape).clone()
-    full = torch.empty(layout.padded_numel, dtype=shard.dtype, device=shard.device)
-    gather_shards(full, shard.contiguous(), group.group, log_name="zero_gather_fragment")
-    return full[slot.offset:slot.end].view(slot.shape).clone()
-
-
 def safe_get_full_fp32_param(param: torch.Tensor) -> torch.Tensor:
     """The parameter's whole master (fp32) value."""
     zero, group, slot = _locate(param)
     with zero.stepper.resident():
-        return _whole(zero, group, group.master.float(), slot)
+        return whole_slot(group.master.float(), group.layout, slot, group.group)
 
 
 def safe_set_full_fp32_param(param: torch.Tensor, value: torch.Tensor) -> None:
@@ -79,16 +68,7 @@ def safe_get_full_grad(param: torch.Tensor) -> torch.Tensor:
     zero, group, slot = _locate(param)
     zero.finish_backward()
     index = zero.groups.index(group)
-    unscale = zero.scaler.scale * zero._undone_at_unscale
-    if zero.stage in (0, 1):
-        local = zero.reducer.grad_flats[index][slot.offset:slot.end].float().clone()
-        world = dist.get_world_size(group.group)
-        if world > 1:
-            dist.all_reduce(local, group=group.group)
-        divisor = (group.average_over or world) if zero.reducer.average else 1
-        return (local / (divisor * unscale)).view(slot.shape)
-    shard = zero.reducer.grad_shards[index] if zero.stage == 2 else group.grad_shard
-    return _whole(zero, group, shard.float(), slot) / unscale
+    return zero.reducer.full_grad(index, slot, zero.gradient_unscale)
 
 
 def safe_get_full_optimizer_state(param: torch.Tensor, optim_state_key: str) -> torch.Tensor:
@@ -99,4 +79,4 @@ def safe_get_full_optimizer_state(param: torch.Tensor, optim_state_key: str) -> 
         if optim_state_key not in state or not torch.is_tensor(state[optim_state_key]):
             raise ZeroError(f"{slot.name} has no optimizer state {optim_state_key!r}; it has {sorted(state)} (the "
                             f"optimizer creates its state at the first step)")
-        return _whole(zero, group, state[optim_state_key].float(), slot)
+        return whole_slot(state[optim_state_key].float(), group.layout, slot, group.group)

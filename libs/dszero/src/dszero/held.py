@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from .stage3 import Unit
+from .units import Unit
 
 
 def units_of(params: Iterable[torch.Tensor]) -> list[Unit]:

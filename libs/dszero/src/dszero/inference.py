@@ -23,7 +23,7 @@ from dsconfig import ZeroConfig
 
 from .init import param_offload
 from .offload.param_homes import ParamHomes
-from .stage3 import Unit, gathered_whole
+from .units import Unit, gathered_whole
 
 
 class ZeroInference:

@@ -33,7 +33,7 @@ from dsconfig import OffloadParamConfig, ZeroConfig, resolve_auto
 
 from .errors import ZeroConfigError, ZeroError
 from .offload.param_homes import ParamHomes
-from .stage3 import FUSED_MODULES, Unit
+from .units import FUSED_MODULES, Unit
 
 _active: list[Init] = []  # nested contexts: only the outermost one partitions
 

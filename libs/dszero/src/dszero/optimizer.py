@@ -12,7 +12,6 @@ through it (whole_tensors.py).
 from __future__ import annotations
 
 import copy
-import logging
 import math
 from typing import Any
 
@@ -24,23 +23,14 @@ from dsconfig import ZeroConfig, resolve_auto
 
 from . import fragments
 from .errors import UnusedParametersError, ZeroConfigError, ZeroError
-from .flat import FlatGroup
-from .layout import GroupLayout
 from .offload.optimizer_swap import SwappedStep
-from .offload.param_homes import ParamHomes
 from .ops.cpu_adam import CPUAdam
+from .policies import for_stage
 from .precision import Precision
-from .prefetch import PrefetchPlan
-from .reducers import BucketReducer, FlatReducer
-from .reuse import ReusePolicy
-from .stage3 import Stage3
 from .steps import InMemoryStep
 from .whole_tensors import TensorShards, steps_on_shards
-from .wire import gather_shards
 from .zeropp import ZeroPPSettings
 from .zeropp import attach as attach_zeropp
-
-logger = logging.getLogger("dszero")
 
 
 class ZeroOptimizer:
@@ -88,6 +78,8 @@ class ZeroOptimizer:
         # Every "auto" tuning knob becomes dsconfig's number: the one table all libraries share.
         self.config = resolve_auto(config or ZeroConfig())
         self.stage = self.config.stage
+        # The one place the stage is read: from here on the optimizer asks its policies (policies/).
+        self.policies = for_stage(self.stage)
         self.precision = Precision.coerce(precision)
         self.gradient_clipping = float(gradient_clipping)
         # data_types.grad_accum_dtype: by default gradients accumulate in the model's dtype, as DeepSpeed's do.
@@ -125,36 +117,9 @@ class ZeroOptimizer:
                                       f"prescale_gradients off")
         self.global_grad_norm: float | None = None
         self.skipped_steps = 0
-        if self.stage != 3 and any(getattr(p, "_dszero_unit", None) is not None for p in module.parameters()):
-            raise ZeroConfigError(f"the module's parameters are partitioned (built inside dszero.Init, or wrapped by a "
-                                  f"stage-3 ZeroOptimizer); zero_optimization.stage must be 3, not {self.stage}")
-        if self.stage == 3:
-            if optimizer.state:
-                raise ZeroError("the optimizer already has state (it has stepped); wrap it in ZeroOptimizer first")
-            self._check_dtypes(optimizer)
-            threshold = self.config.stage3_param_persistence_threshold
-            offload = self.config.offload_optimizer
-            self.param_homes = ParamHomes(self.config.offload_param, dist.get_rank(), self.aio)
-            self.reducer = Stage3(module, optimizer, self.process_group, self.precision.master_torch_dtype,
-                                  threshold, gradient_average,
-                                  homes=self.param_homes, reuse=self._reuse_policy(), prefetch=self._prefetch_plan(),
-                                  master_device=torch.device("cpu") if self.offload else None,
-                                  pin_master=bool(self.offload and offload.pin_memory),
-                                  own_master=self.offload,  # offloaded masters get their own host buffers
-                                  grad_dtype=grad_accum_dtype, wire_dtype=communication_dtype,
-                                  group_settings=[{"group": g["group"], "average_over": g["average_over"]}
-                                                  for g in self._group_settings])
-            self.groups = self.reducer.units
-            # norm_replicas needs no group of its own: each unit counts its replicas in the norm (tensor parallel).
-            unit_of = {id(unit.master_param): unit for unit in self.groups}
-            for settings, param_group in zip(self._group_settings, optimizer.param_groups):
-                for master in param_group["params"]:
-                    unit_of[id(master)].norm_replicas = settings["norm_replicas"]
-        else:
-            self.param_homes = None
-            self.groups = self._flatten(module, optimizer)
-            self._broadcast_initial_weights()
-            self.reducer = self._make_reducer(gradient_average)
+        # What this rank holds (flat groups or stage-3 units), and the reducer that brings their gradients.
+        self.groups = self.policies.partition.build(self, module, optimizer, self._group_settings)
+        self.reducer = self.policies.reduction.build(self, self.groups, gradient_average)
         self.zeropp = attach_zeropp(self, zeropp)  # ZeRO++'s routes for stage 3's gathers and reductions
         # Optimizers that need whole tensors step on the shards through this (whole_tensors.py).
         self.tensor_shards = TensorShards(self.groups) if steps_on_shards(optimizer) else None
@@ -163,11 +128,11 @@ class ZeroOptimizer:
 
     # ------------------------------------------------------------------ construction
     def _check_supported(self) -> None:
-        cfg = self.config
-        if cfg.param_offload_device != "none" and cfg.stage != 3:
+        cfg, partition = self.config, self.policies.partition
+        if cfg.param_offload_device != "none" and not partition.partitions_parameters:
             raise ZeroConfigError(f"zero_optimization.offload_param (device {cfg.param_offload_device!r}) needs "
                                   f"stage 3 (stage is {cfg.stage}): only stage 3 partitions parameters")
-        if cfg.optimizer_offload_device != "none" and cfg.stage == 0:
+        if cfg.optimizer_offload_device != "none" and not partition.shards_optimizer_state:
             raise ZeroConfigError(f"zero_optimization.offload_optimizer (device {cfg.optimizer_offload_device!r}) "
                                   f"needs stage 1, 2 or 3 (stage is 0)")
         if self.precision.dtype == "fp32" and self.precision.master_dtype != "fp32":
@@ -211,79 +176,6 @@ class ZeroOptimizer:
                              "norm_replicas": taken.get("norm_replicas", 1)})
         return settings
 
-    def _flatten(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[FlatGroup]:
-        if optimizer.state:
-            raise ZeroError("the optimizer already has state (it has stepped); wrap it in ZeroOptimizer before the "
-                            "first step, or load its state after wrapping")
-        names = {id(p): name for name, p in module.named_parameters()}
-        groups = []
-        alignment = 4  # 16 bytes of fp32 per shard boundary
-        for index, param_group in enumerate(optimizer.param_groups):
-            params = [p for p in param_group["params"] if p.requires_grad]
-            unknown = [p for p in params if id(p) not in names]
-            if unknown:
-                raise ZeroError(f"optimizer param group {index} holds {len(unknown)} tensor(s) that are not parameters "
-                                f"of the module (first shape {tuple(unknown[0].shape)}); build the optimizer from "
-                                f"module.parameters()")
-            if not params:
-                raise ZeroError(f"optimizer param group {index} has no trainable parameters")
-            self._check_group_dtypes(index, params)
-            dtypes = {p.dtype for p in params}
-            if len(dtypes) > 1:
-                raise ZeroError(f"optimizer param group {index} mixes dtypes {sorted(map(str, dtypes))}; cast the model "
-                                f"to one dtype (model.to(dtype)) before wrapping")
-            settings = self._group_settings[index]
-            process_group = settings["group"]
-            world = dist.get_world_size(process_group) if self.stage >= 1 else 1
-            layout = GroupLayout.build([names[id(p)] for p in params], [p.shape for p in params], world, alignment)
-            shard_rank = dist.get_rank(process_group) if self.stage >= 1 else 0
-            offload = self.config.offload_optimizer
-            flat = FlatGroup(params, [names[id(p)] for p in params], layout, shard_rank,
-                             self.precision.master_torch_dtype, offload=self.offload,
-                             pin_memory=bool(offload and offload.pin_memory), group=process_group,
-                             average_over=settings["average_over"], norm_replicas=settings["norm_replicas"])
-            param_group["params"] = [flat.master_param]
-            groups.append(flat)
-        return groups
-
-    def _check_dtypes(self, optimizer: torch.optim.Optimizer) -> None:
-        for index, param_group in enumerate(optimizer.param_groups):
-            self._check_group_dtypes(index, [p for p in param_group["params"] if p.requires_grad])
-
-    def _check_group_dtypes(self, index: int, params: list[torch.Tensor]) -> None:
-        wrong = {p.dtype for p in params} - {self.precision.torch_dtype}
-        if wrong:
-            raise ZeroError(f"optimizer param group {index} has parameters of {sorted(map(str, wrong))} but the "
-                            f"precision is {self.precision.dtype}; call model.to({self.precision.torch_dtype}) first, "
-                            f"or choose the matching precision")
-
-    def _broadcast_initial_weights(self) -> None:
-        # Every rank starts from its group's rank 0's weights, as DDP does.
-        for flat in self.groups:
-            if dist.get_world_size(flat.group) > 1:
-                src = dist.get_global_rank(flat.group, 0) if flat.group is not None else 0
-                dscomm.broadcast(flat.model_flat, src, group=flat.group, log_name="zero_broadcast_weights")
-            if flat.separate_master:
-                flat.master.copy_(flat.model_shard())
-
-    def _reuse_policy(self) -> ReusePolicy:
-        cfg = self.config
-        distance, live = cfg.stage3_max_reuse_distance, cfg.stage3_max_live_parameters
-        return ReusePolicy(distance, live)
-
-    def _prefetch_plan(self) -> PrefetchPlan:
-        size = self.config.stage3_prefetch_bucket_size
-        return PrefetchPlan(size, on_miss=self._log_trace_miss if self.config.log_trace_cache_warnings else None)
-
-    def _log_trace_miss(self, key: int, forward: bool) -> None:
-        """log_trace_cache_warnings: the module calls left the order recorded on the first step (the trace)."""
-        if self.rank != 0:
-            return
-        unit = self.reducer.unit_by_key[key]
-        logger.warning("zero stage 3: the %s of %s does not follow the module order recorded on the first step "
-                       "(the trace cache); parameters are gathered on demand until the recorded order starts "
-                       "again", "forward" if forward else "backward", unit.names[0].rsplit(".", 1)[0] or "the model")
-
     def _make_stepper(self) -> InMemoryStep | SwappedStep:
         if self.config.optimizer_offload_device != "nvme":
             return InMemoryStep(self.optimizer, self.groups, self.offload, self.tensor_shards)
@@ -293,20 +185,11 @@ class ZeroOptimizer:
         return SwappedStep(self.optimizer, self.groups, self.config.offload_optimizer,
                            size, dist.get_rank(), self.aio, shards=self.tensor_shards, keep_in_memory=keep)
 
-    def _make_reducer(self, average: bool):
-        if self.stage <= 1:
-            return FlatReducer(self.groups, partition=self.stage == 1, average=average,
-                               comm_dtype=self.communication_dtype, accum_dtype=self.grad_accum_dtype)
-        grad_dtype = self.grad_accum_dtype or self.precision.torch_dtype
-        bucket = self.config.reduce_bucket_size
-        return BucketReducer(self.groups, bucket, self.config.overlap_comm, average, grad_dtype,
-                             wire_dtype=self.communication_dtype)
-
     # ------------------------------------------------------------------ training
     @property
     def partitions_parameters(self) -> bool:
         """Whether the module's parameters live only in this optimizer's shards (stage 3)."""
-        return self.stage == 3
+        return self.policies.partition.partitions_parameters
 
     def masters_from_module(self) -> None:
         """Take the module's current weights as the master weights, after the module was loaded directly."""
@@ -315,7 +198,7 @@ class ZeroOptimizer:
         with self.stepper.resident(write_back=True):
             for flat in self.groups:
                 if flat.separate_master:
-                    flat.master.copy_(flat.model_shard())
+                    self.policies.partition.master_from_model(flat)
 
     # DeepSpeed's names for this rank's fp32 master partitions, one per flat group (stages 0-2: a parameter group;
     # stage 3: a module's unit), as DeepSpeed's wrappers expose them at each stage. Under optimizer offload
@@ -352,6 +235,12 @@ class ZeroOptimizer:
         return self.scaler.scale
 
     @property
+    def gradient_unscale(self) -> float:
+        """What reduced gradients are divided by before the step: the fp16 loss scale times any pre-division
+        that the reduction did not undo."""
+        return self.scaler.scale * self._undone_at_unscale
+
+    @property
     def backward_scale(self) -> float:
         """What a loss is multiplied by before backward: the fp16 loss scale times any gradient pre-division."""
         return self.scaler.scale * self.pre_scale
@@ -368,12 +257,8 @@ class ZeroOptimizer:
     def require_gradient_sync(self, enabled: bool) -> None:
         """False: the following backward passes accumulate gradients locally and communicate nothing (a
         pipeline's many micro-batches); True (the default): reduce as each backward runs, as DeepSpeed does."""
-        if not enabled and self.stage == 3:
-            raise ZeroError("require_gradient_sync(False) at ZeRO stage 3: stage 3 reduce-scatters each unit's "
-                            "gradient as its backward runs and keeps no full gradients to accumulate into; use "
-                            "stage 0, 1 or 2 for schedules that hold gradient sync back")
+        self.reducer.set_sync(bool(enabled))  # a reducer that cannot hold gradients back refuses (stage 3)
         self.gradient_sync = bool(enabled)
-        self.reducer.set_sync(self.gradient_sync)
 
     def finish_backward(self) -> None:
         """The step's gradients are complete: reduce whatever accumulated and wait for every reduction.
@@ -384,7 +269,7 @@ class ZeroOptimizer:
         """(name, view) of every parameter in one group's flat master weights, for per-tensor optimizers
         without a whole-tensor step (step_on_shards, see whole_tensors.py). Stage 0 only."""
         flat = self.groups[group_index]
-        if self.stage != 0:
+        if not self.policies.partition.whole_tensors:
             raise ZeroError(f"tensor_views needs whole tensors on every rank; at stage {self.stage} each rank holds "
                             f"a flat shard that cuts tensors apart: give the optimizer a step_on_shards "
                             f"(dszero.TensorShards) to run it at any stage")
@@ -393,16 +278,17 @@ class ZeroOptimizer:
     def step(self) -> bool:
         """Reduce gradients, then update: returns False when the step was skipped for an fp16 overflow."""
         self.finish_backward()
-        if self.stage == 2 and not self.config.ignore_unused_parameters:
-            unused = self.reducer.without_gradients()
+        if not self.config.ignore_unused_parameters:
+            unused = self.reducer.unused_parameters()
             if unused:
-                raise UnusedParametersError(f"zero_optimization.ignore_unused_parameters is false and {len(unused)} parameter(s) "
-                                f"got no gradient in this step (first: {', '.join(unused[:3])}); set it to true (the "
-                                f"default) to train on, or use every parameter in the forward")
+                raise UnusedParametersError(
+                    f"zero_optimization.ignore_unused_parameters is false and {len(unused)} parameter(s) got no "
+                    f"gradient in this step (first: {', '.join(unused[:3])}); set it to true (the default) to train "
+                    f"on, or use every parameter in the forward")
         shards = self.reducer.reduce()
         # To the master's dtype and device (the CPU under optimizer offload); a copy whenever either differs.
         grads = [shard.to(device=flat.master.device, dtype=flat.master.dtype) for shard, flat in zip(shards, self.groups)]
-        unscale = self.scaler.scale * self._undone_at_unscale
+        unscale = self.gradient_unscale
         if unscale != 1.0:
             for grad in grads:
                 grad.div_(unscale)
@@ -432,7 +318,9 @@ class ZeroOptimizer:
         Each group's squared norm is divided by how many ranks of the norm group hold the same values
         (its own replicas at stage 0, plus its norm_replicas), so one all-reduce counts each once.
         """
-        local = self._norm_is_local() or dist.get_world_size(self.norm_group) == 1
+        norm = self.policies.norm
+        local = norm.is_local(self.groups, self.process_group, self.norm_group) or \
+            dist.get_world_size(self.norm_group) == 1
         sq_sum, finite = 0.0, True
         for grad, flat in zip(grads, self.groups):
             if not grad.numel():
@@ -440,23 +328,11 @@ class ZeroOptimizer:
             # One fused pass per shard (no float64 copy); any inf/nan makes the sum non-finite.
             value = torch.linalg.vector_norm(grad, dtype=torch.promote_types(grad.dtype, torch.float32)).item() ** 2
             finite = finite and math.isfinite(value)
-            sq_sum += value if local else value / self._replicas(flat)
+            sq_sum += value if local else value / norm.replicas(flat, self.process_group)
         stats = torch.tensor([sq_sum if finite else 0.0, 0.0 if finite else 1.0], dtype=torch.float64)
         if not local:
             dscomm.all_reduce(stats, group=self.norm_group, log_name="zero_grad_norm")
         return stats
-
-    def _replicas(self, flat: Any) -> int:
-        replicas = getattr(flat, "norm_replicas", 1)
-        if self.stage == 0:
-            replicas *= dist.get_world_size(getattr(flat, "group", self.process_group))
-        return replicas
-
-    def _norm_is_local(self) -> bool:
-        # Plain stage 0 over the norm group: every rank already holds the same reduced gradients.
-        return self.stage == 0 and self.norm_group is self.process_group and all(
-            getattr(f, "group", self.process_group) is self.process_group and getattr(f, "norm_replicas", 1) == 1
-            for f in self.groups)
 
     def _share_updated_weights(self) -> None:
         """After the masters changed outside a step (loading): into the model shards, then to every rank."""
@@ -466,11 +342,7 @@ class ZeroOptimizer:
 
     def _publish_weights(self) -> None:
         """Every rank's updated shard to where the model reads it."""
-        for flat in self.groups:
-            if self.stage == 3:
-                flat.refresh()  # units that stay gathered show the new weights
-            elif self.stage in (1, 2) and dist.get_world_size(flat.group) > 1:
-                gather_shards(flat.model_flat, flat.model_shard(), flat.group, log_name="zero_allgather_params")
+        self.policies.publish.publish(self.groups)
 
     def get_global_grad_norm(self) -> float | None:
         """The gradient norm of the last step (before clipping); inf when it overflowed."""
@@ -482,7 +354,7 @@ class ZeroOptimizer:
         with self.stepper.resident():
             return {
                 "zero_stage": self.stage,
-                "world_size": self.world if self.stage >= 1 else 1,
+                "world_size": self.policies.save.saved_world(self.world),
                 "rank": self.rank,
                 "master": [flat.master.clone() for flat in self.groups],
                 "optimizer": copy.deepcopy(self.optimizer.state_dict()) if self.stepper.where == "nvme"
@@ -492,11 +364,7 @@ class ZeroOptimizer:
             }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        expected = self.world if self.stage >= 1 else 1
-        if state.get("world_size") != expected or state.get("zero_stage") != self.stage:
-            raise ZeroError(f"state_dict is for stage {state.get('zero_stage')} at world size {state.get('world_size')}; "
-                            f"this optimizer is stage {self.stage} at {expected}: use dszero.save / dszero.load to "
-                            f"change world size")
+        self.policies.save.check_state(state, self.stage, self.world)
         with self.stepper.resident(write_back=True):
             for flat, master in zip(self.groups, state["master"], strict=True):
                 flat.master.copy_(master)
@@ -525,14 +393,8 @@ class ZeroOptimizer:
         """load_from_fp32_weights: false: the master weights start from the loaded 16-bit model weights
         (with their precision loss), not from the checkpoint's fp32 masters, as the reference says."""
         for group in self.groups:
-            if not group.separate_master:
-                continue
-            if self.stage == 3:
-                shard = group.home.fetch()
-                group.master.copy_(shard)
-                group.home.done()
-            else:
-                group.master.copy_(group.model_shard())
+            if group.separate_master:
+                self.policies.partition.master_from_model(group)
 
     def offload_states(self, include: Any = None, device: str = "cpu", pin_memory: bool = True,
                        non_blocking: bool = False) -> None:
@@ -569,16 +431,7 @@ class ZeroOptimizer:
     def effective_settings(self) -> dict[str, int]:
         """The tuning knobs this optimizer runs with, read from the parts that use them (config paths
         under zero_optimization), after dsconfig resolved any "auto": what to check a config against."""
-        used: dict[str, int] = {}
-        if self.stage == 2:
-            used["reduce_bucket_size"] = self.reducer.bucket_numel
-        if self.stage == 3:
-            used.update(stage3_prefetch_bucket_size=self.reducer.prefetch.bucket,
-                        stage3_max_reuse_distance=self.reducer.reuse.max_reuse_distance,
-                        stage3_max_live_parameters=self.reducer.reuse.max_live,
-                        stage3_param_persistence_threshold=self.reducer.persistence_threshold)
-        if self.param_homes is not None and self.param_homes.device == "nvme":
-            used["offload_param.buffer_size"] = self.param_homes._buffer_numel()
+        used = {**self.reducer.settings(), **self.policies.partition.settings()}
         if self.config.optimizer_offload_device == "nvme":
             used["sub_group_size"] = self.stepper.sub_group_size
         return used
@@ -593,14 +446,7 @@ class ZeroOptimizer:
         is their sum. Places: device_bytes (the compute device's memory), cpu_offload_bytes (host
         buffers of CPU offload) and nvme_bytes (swap files); they add up to total too.
         """
-        entries = []  # (kind, place, bytes)
-        if self.stage == 3:
-            entries += [("parameters", u.home.where, u.home.nbytes) for u in self.groups]
-            if self.param_homes is not None:
-                entries.append(("offload_buffers", "cpu", self.param_homes.buffer_bytes()))
-        else:
-            entries += [("parameters", "device", f.model_flat.numel() * f.model_flat.element_size())
-                        for f in self.groups]
+        entries = self.policies.partition.parameter_bytes(self.groups)  # (kind, place, bytes)
         entries.append(("gradients", "device", self.reducer.buffer_bytes()))
         entries.append(("master_weights", self.stepper.where, self.stepper.master_bytes()))
         entries.append(("optimizer_state", self.stepper.where, self.stepper.state_bytes()))

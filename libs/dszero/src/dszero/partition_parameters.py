@@ -17,8 +17,8 @@ from typing import Any
 import torch
 
 from .init import Init
-from .stage3 import GatheredParameters
 from .status import ZeroParamStatus
+from .units import GatheredParameters
 
 # torch's own constructors, kept under DeepSpeed's names: the wrappers call these, and callers compare with them.
 _orig_torch_tensor = torch.tensor

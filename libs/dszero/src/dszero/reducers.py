@@ -19,8 +19,9 @@ import torch.distributed as dist
 import dscomm
 
 from .flat import FlatGroup
+from .layout import Slot
 from .ordered import InOrderLauncher, weakly
-from .wire import reduce_scatter
+from .wire import reduce_scatter, whole_slot
 
 
 class FlatReducer:
@@ -131,6 +132,23 @@ class FlatReducer:
                     param.grad = None
             flat.zero_()
             self._reattach(group, flat)
+
+    def full_grad(self, index: int, slot: Slot, unscale: float) -> torch.Tensor:
+        """One parameter's gradient as the step will apply it (reduced, averaged, unscaled), in fp32;
+        collective over its group (the buffers are reduced only at the step, so a copy is reduced here)."""
+        group = self.groups[index]
+        local = self.grad_flats[index][slot.offset:slot.end].float().clone()
+        world = dist.get_world_size(group.group)
+        if world > 1:
+            dist.all_reduce(local, group=group.group)
+        divisor = (group.average_over or world) if self.average else 1
+        return (local / (divisor * unscale)).view(slot.shape)
+
+    def unused_parameters(self) -> list[str]:
+        return []  # not tracked: an unused parameter's gradient is its buffer's zeros, reduced like the rest
+
+    def settings(self) -> dict[str, int]:
+        return {}
 
     def buffer_bytes(self) -> int:
         return sum(f.numel() * f.element_size() for f in self.grad_flats)
@@ -265,6 +283,11 @@ class BucketReducer:
             self._complete(self.in_flight.pop(0))  # double buffering: the oldest bucket frees its buffer
         staging = self.staging[self.turn % len(self.staging)][: bucket.numel]
         self.turn += 1
+        world = dist.get_world_size(group.group)
+        divisor = (group.average_over or world) if self.average else 1
+        # Divided as it is copied where no cast comes between (the same roundings, one pass fewer).
+        divide_late = divisor != 1 and any(group.params[i].grad is not None and group.params[i].grad.dtype !=
+                                           staging.dtype for i in bucket.params)
         for _rank, pieces, seg_lo, _seg_hi in bucket.segments:
             cursor = seg_lo
             for index, start, end, _ in pieces:
@@ -272,14 +295,14 @@ class BucketReducer:
                 piece = staging[cursor:cursor + end - start]
                 if param.grad is None:
                     piece.zero_()
-                else:
+                elif divisor == 1 or divide_late:
                     piece.copy_(param.grad.reshape(-1)[start:end])
+                else:
+                    torch.div(param.grad.reshape(-1)[start:end], divisor, out=piece)
                 cursor += end - start
         for index in bucket.params:
             group.params[index].grad = None  # the full gradient is no longer needed here
-        world = dist.get_world_size(group.group)
-        divisor = (group.average_over or world) if self.average else 1
-        if divisor != 1:
+        if divide_late:
             staging.div_(divisor)
         handles = []
         for rank, _pieces, seg_lo, seg_hi in bucket.segments:
@@ -318,7 +341,12 @@ class BucketReducer:
         self.finish_backward()
         return self.grad_shards
 
-    def without_gradients(self) -> list[str]:
+    def full_grad(self, index: int, slot: Slot, unscale: float) -> torch.Tensor:
+        """One parameter's reduced gradient, gathered from the shards and unscaled, in fp32 (collective)."""
+        group = self.groups[index]
+        return whole_slot(self.grad_shards[index].float(), group.layout, slot, group.group) / unscale
+
+    def unused_parameters(self) -> list[str]:
         """Names of the parameters that had no gradient since the last zero()."""
         return [name for group in self.groups for param, name in zip(group.params, group.names)
                 if id(param) not in self.got_grad]
@@ -331,6 +359,9 @@ class BucketReducer:
         for group in self.groups:
             for param in group.params:
                 param.grad = None
+
+    def settings(self) -> dict[str, int]:
+        return {"reduce_bucket_size": self.bucket_numel}
 
     def buffer_bytes(self) -> int:
         return sum(s.numel() * s.element_size() for s in self.grad_shards)

@@ -67,21 +67,59 @@ def reduce_scatter(out: torch.Tensor, flat: torch.Tensor, group: Any, *, average
 
     `flat` may be overwritten (on gloo it is reduced in place).
     """
+    return start_reduce_scatter(flat, group, average=average, out=out, log_name=log_name).wait()
+
+
+class PendingShard:
+    """A reduce-scatter in flight: `wait()` completes it and returns this rank's shard of the result."""
+
+    def __init__(self, handles: list[Any], result: torch.Tensor, divide_by: int = 1,
+                 out: torch.Tensor | None = None):
+        self.handles = [h for h in handles if h is not None]
+        self.result, self.divide_by, self.out = result, divide_by, out
+
+    def wait(self) -> torch.Tensor:
+        for handle in self.handles:
+            handle.wait()
+        self.handles = []
+        if self.divide_by != 1:
+            self.result.div_(self.divide_by)
+            self.divide_by = 1
+        if self.out is not None and self.out is not self.result:
+            self.result = self.out.copy_(self.result)
+        return self.result
+
+
+def start_reduce_scatter(flat: torch.Tensor, group: Any, *, average: bool, out: torch.Tensor | None = None,
+                         log_name: str = "zero_reduce_scatter") -> PendingShard:
+    """Launch `reduce_scatter` and return at once (the backend runs it beside the caller's compute).
+
+    `flat` must stay untouched until `wait()`. out=None: the shard is returned as a view of `flat` (no
+    copy); otherwise it is written to `out`. Every rank must start its reduce-scatters in one order."""
     world = dist.get_world_size(group)
+    size = flat.numel() // world
     if world == 1:
-        return out.copy_(flat)
+        return PendingShard([], flat, out=out)
+    op = dscomm.ReduceOp.AVG if average else dscomm.ReduceOp.SUM
     if not _gloo(group):
-        op = dscomm.ReduceOp.AVG if average else dscomm.ReduceOp.SUM
-        dscomm.reduce_scatter_tensor(out, flat, op=op, group=group, log_name=log_name)
-        return out
-    size = out.numel()
+        target = out if out is not None else torch.empty(size, dtype=flat.dtype, device=flat.device)
+        handle = dscomm.reduce_scatter_tensor(target, flat, op=op, group=group, async_op=True, log_name=log_name)
+        return PendingShard([handle], target)
     rank = dist.get_rank(group)
+    mine = flat[rank * size:(rank + 1) * size]
     if flat.numel() >= ALL_REDUCE_FROM:
-        op = dscomm.ReduceOp.AVG if average else dscomm.ReduceOp.SUM
-        dscomm.all_reduce(flat, op=op, group=group, log_name=log_name)
-    else:
-        for r in range(world):
-            dscomm.reduce(flat[r * size:(r + 1) * size], _global(group, r), group=group, log_name=log_name)
-        if average:
-            flat[rank * size:(rank + 1) * size].div_(world)
-    return out.copy_(flat[rank * size:(rank + 1) * size])
+        return PendingShard([dscomm.all_reduce(flat, op=op, group=group, async_op=True, log_name=log_name)], mine,
+                            out=out)
+    handles = [dscomm.reduce(flat[r * size:(r + 1) * size], _global(group, r), group=group, async_op=True,
+                             log_name=log_name) for r in range(world)]
+    return PendingShard(handles, mine, divide_by=world if average else 1, out=out)
+
+
+def whole_slot(shard: torch.Tensor, layout: Any, slot: Any, group: Any) -> torch.Tensor:
+    """A copy of one slot's elements of a flat tensor cut into `layout`'s shards over `group` (this rank's
+    `shard`), gathered from every rank of the group; collective when the layout has several shards."""
+    if layout.world_size == 1:
+        return shard[slot.offset:slot.end].view(slot.shape).clone()
+    full = torch.empty(layout.padded_numel, dtype=shard.dtype, device=shard.device)
+    gather_shards(full, shard.contiguous(), group, log_name="zero_gather_fragment")
+    return full[slot.offset:slot.end].view(slot.shape).clone()

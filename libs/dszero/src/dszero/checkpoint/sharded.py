@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.distributed as dist
 
 import dsaio
 import dscomm
@@ -101,11 +100,9 @@ def save(zero: ZeroOptimizer, directory: str | os.PathLike, *, node_local: bool 
 
 
 def _writes(zero: ZeroOptimizer, group: Any, node_local: bool) -> bool:
-    """Partitioned groups: every rank its shard. Replicated ones (stage 0): their group's rank 0, and
-    with node-local storage every node's local rank 0 too."""
-    if zero.stage >= 1:
-        return True
-    return dist.get_rank(group.group) == 0 or (node_local and dscomm.get_local_rank() == 0)
+    """As the stage saves (policies/save.py): partitioned groups every rank its shard, replicated ones
+    their group's rank 0 (and with node-local storage every node's local rank 0 too)."""
+    return zero.policies.save.writes(group, node_local)
 
 
 def _shard_tensors(zero: ZeroOptimizer, state: dict[str, Any], indices: list[int]

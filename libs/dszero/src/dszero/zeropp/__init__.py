@@ -33,7 +33,7 @@ def attach(zero: Any, settings: ZeroPPSettings | None) -> ZeroPlusPlusRoutes | N
     keys = enabled_keys(config)
     if not keys:
         return None
-    if zero.stage != 3:
+    if not zero.partitions_parameters:  # the routes serve stage 3's units
         raise ZeroConfigError(f"zero_optimization: {', '.join(keys)} are ZeRO++, which partitions parameters: it needs "
                               f"stage 3 (stage is {zero.stage}); turn them off or use stage 3")
     if config.zero_quantized_gradients and zero.communication_dtype not in (None, zero.precision.torch_dtype):
