@@ -117,9 +117,5 @@ def check_features(cfg: DeepSpeedConfig, raw: dict | None, provided: Mapping[str
         if on(cfg):
             problems.append(Problem(path, f"turns on {what}, which dstrain does not provide; remove it or turn it "
                                           f"off", True))
-    if cfg.checkpoint.load_universal:
-        problems.append(Problem("checkpoint.load_universal",
-                                "universal checkpoints are not needed: dstrain checkpoints load at any data-parallel "
-                                "size directly; remove the key", True))
     if problems:
         raise UnsupportedFeatureError(problems)

@@ -1,0 +1,208 @@
+"""A DeepSpeed checkpoint directory (one tag) read whole: `read_deepspeed(tag_dir) -> WholeCheckpoint`.
+
+The module's weights come from the model-states file (stages 0-2), from the fp32 masters at stage 3
+(whose model-states files hold placeholders) or from the pipeline's layer files; the masters and Adam's
+moments from the optimizer files, whatever the data-parallel size they were cut for; the scheduler,
+counters, loss scaler and client state from the model-states file. Every file goes through the
+restricted unpickler. Everything is read and checked before anything is returned, so a caller that
+loads only a complete result never half-loads.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ...errors import CheckpointLoadError
+from ..contents import MASTER, WholeCheckpoint
+from .files import DeepSpeedFiles, scan
+from .unpickler import RECORD_CLASS_KEY, load_pickle
+from .zero_states import sliced_states, stage3_states, unpartitioned_states
+
+# What DeepSpeed itself keeps in a model-states file: everything else there is the client's state.
+DEEPSPEED_KEYS = frozenset({
+    "module", "buffer_names", "optimizer", "param_shapes", "frozen_param_shapes", "shared_params",
+    "frozen_param_fragments", "lr_scheduler", "data_sampler", "random_ltd", "sparse_tensor_module_names",
+    "skipped_steps", "global_steps", "global_samples", "dp_world_size", "mp_world_size", "ds_config", "ds_version",
+    "checkpoint_parallel_dimensions", "universal_checkpoint_info", "num_experts", "ds_autoep_layers", "autoep_layers",
+    "iteration", "folding",
+})
+
+
+def read_deepspeed(directory: str | Path) -> WholeCheckpoint:
+    """Everything a DeepSpeed checkpoint directory holds, each tensor whole."""
+    path = Path(directory)
+    files = scan(path)
+    if len(files.mp_ranks) > 1:
+        raise CheckpointLoadError(f"{path}: saved with {len(files.mp_ranks)} tensor-parallel (mp) ranks; DeepSpeed's "
+                                  f"own files cut by tensor parallelism are not read here: load DeepSpeed's universal "
+                                  f"layout of it (ds_to_universal, then checkpoint.load_universal)")
+    main_path = files.model.get(0) or files.zero3_model.get((0, 0))
+    if main_path is None:
+        raise CheckpointLoadError(f"{path}: no mp_rank_00_model_states.pt (a pipeline's layer files alone are not a "
+                                  f"checkpoint: DeepSpeed writes the model-states file beside them)")
+    main = _checked_dict(load_pickle(main_path), main_path)
+    module = _module_state(files, main, main_path)
+    optim = [(p, _optimizer_state(load_pickle(p), p)) for p in _optim_paths(files)]
+    param_shapes = _param_shapes(main, main_path) if optim else []
+    if optim and "fp32_flat_groups" in optim[0][1]:
+        states, scalars = stage3_states(optim, param_shapes)
+        module = _stage3_module(files, main, module, states, main_path)
+    elif optim:
+        states, scalars = sliced_states(optim, param_shapes)
+    elif isinstance(main.get("optimizer"), dict):
+        trained = _trained_names(main, module)
+        states, scalars = unpartitioned_states(main["optimizer"], trained,
+                                               {n: tuple(module[n].shape) for n in trained}, main_path)
+    else:
+        states, scalars = {}, {}
+    for name, entry in states.items():
+        if MASTER not in entry:
+            if name not in module:
+                raise CheckpointLoadError(f"{main_path}: the optimizer holds state for {name}, which the module "
+                                          f"does not have")
+            entry[MASTER] = module[name].float().clone()
+    first_optim = optim[0][1] if optim else (main.get("optimizer") or {})
+    return WholeCheckpoint(
+        module=module, parameters=states, scalars=scalars,
+        lr_scheduler=main.get("lr_scheduler") if isinstance(main.get("lr_scheduler"), dict) else None,
+        client_state={k: v for k, v in main.items() if k not in DEEPSPEED_KEYS},
+        progress=_progress(main, main_path), loss_scaler=loss_scaler_state(first_optim),
+        optimizer_groups=_group_settings(first_optim), source="deepspeed", path=str(path))
+
+
+def _checked_dict(value: Any, path: Path) -> dict:
+    if not isinstance(value, dict):
+        raise CheckpointLoadError(f"{path}: holds a {type(value).__name__}, not DeepSpeed's state dict")
+    return value
+
+
+def _optim_paths(files: DeepSpeedFiles) -> list[Path]:
+    return [files.optim[(0, dp)] for dp in range(files.dp_size("optim"))]
+
+
+def _optimizer_state(value: Any, path: Path) -> dict:
+    state = _checked_dict(value, path).get("optimizer_state_dict")
+    if not isinstance(state, dict):
+        raise CheckpointLoadError(f"{path}: no 'optimizer_state_dict'; not a DeepSpeed optimizer file")
+    return state
+
+
+def _param_shapes(main: dict, path: Path) -> list[dict[str, tuple[int, ...]]]:
+    shapes = main.get("param_shapes")
+    if isinstance(shapes, dict):
+        shapes = [shapes]
+    if not isinstance(shapes, list) or not all(isinstance(s, dict) for s in shapes):
+        raise CheckpointLoadError(f"{path}: 'param_shapes' is missing or malformed; the ZeRO files cannot be cut into "
+                                  f"parameters without it")
+    return [{str(k): tuple(int(d) for d in v) for k, v in s.items()} for s in shapes]
+
+
+def _module_state(files: DeepSpeedFiles, main: dict, main_path: Path) -> dict[str, torch.Tensor]:
+    module = main.get("module")
+    state: dict[str, torch.Tensor] = {}
+    if isinstance(module, dict):
+        state.update({str(k): v for k, v in module.items() if torch.is_tensor(v)})
+    elif not files.layers:
+        raise CheckpointLoadError(f"{main_path}: no 'module' and no layer_XX-model_states.pt files: the weights are "
+                                  f"missing")
+    for layer, by_rank in sorted(files.layers.items()):
+        layer_path = by_rank[min(by_rank)]
+        for key, value in _checked_dict(load_pickle(layer_path), layer_path).items():
+            if torch.is_tensor(value):
+                state[f"{layer}.{key}"] = value
+    for _, expert_path in sorted(files.experts.items()):
+        for key, value in _checked_dict(load_pickle(expert_path), expert_path).items():
+            if torch.is_tensor(value):
+                state[str(key)] = value
+    return state
+
+
+def _trained_names(main: dict, module: dict[str, torch.Tensor]) -> list[str]:
+    """The parameters torch's optimizer numbered (no ZeRO): the module's entries that are neither buffers
+    nor second names of a shared parameter, in order."""
+    buffers = set(main.get("buffer_names") or [])
+    shared = set((main.get("shared_params") or {}).keys())
+    frozen = set((main.get("frozen_param_shapes") or {}).keys())
+    return [n for n in module if n not in buffers and n not in shared and n not in frozen]
+
+
+def _stage3_module(files: DeepSpeedFiles, main: dict, module: dict[str, torch.Tensor],
+                   states: dict[str, dict[str, torch.Tensor]], main_path: Path) -> dict[str, torch.Tensor]:
+    """Stage 3's module files hold empty placeholders for what ZeRO partitions: the trained parameters come
+    from their fp32 masters (in the placeholder's dtype), frozen ones from every rank's fragments."""
+    whole = dict(module)
+    for name, entry in states.items():
+        dtype = module[name].dtype if name in module else torch.float32
+        whole[name] = entry[MASTER].to(dtype)
+    for alias, holder in (main.get("shared_params") or {}).items():
+        if holder in whole:
+            whole[alias] = whole[holder]
+    frozen_shapes = main.get("frozen_param_shapes") or {}
+    if frozen_shapes:
+        ranks = [files.zero3_model[(0, dp)] for dp in range(files.dp_size("model"))]
+        fragments = [load_pickle(p).get("frozen_param_fragments") or {} for p in ranks]
+        for name, shape in frozen_shapes.items():
+            numel = 1
+            for d in shape:
+                numel *= int(d)
+            pieces = [f.get(name) for f in fragments]
+            if any(p is None for p in pieces):
+                raise CheckpointLoadError(f"{main_path.parent}: a rank's model-states file lacks the fragment of frozen "
+                                          f"parameter {name}")
+            flat = torch.cat([p.reshape(-1) for p in pieces])
+            if flat.numel() < numel:
+                raise CheckpointLoadError(f"{main_path.parent}: frozen parameter {name} has {flat.numel()} elements "
+                                          f"over the ranks, its shape {tuple(shape)} needs {numel}")
+            whole[name] = flat[:numel].reshape(tuple(int(d) for d in shape)).clone()
+    empty = [n for n, t in whole.items() if t.numel() == 0 and n in module and n not in states]
+    if empty:
+        raise CheckpointLoadError(f"{main_path}: {empty[:5]} are placeholders that no optimizer file fills")
+    return whole
+
+
+def _progress(main: dict, path: Path) -> dict[str, int]:
+    progress = {}
+    for key in ("global_steps", "global_samples", "skipped_steps"):
+        value = main.get(key)
+        if value is not None:
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise CheckpointLoadError(f"{path}: '{key}' is {value!r}, not a non-negative integer")
+            progress[key] = value
+    if "global_steps" not in progress:
+        raise CheckpointLoadError(f"{path}: 'global_steps' is missing; not a DeepSpeed engine checkpoint")
+    return progress
+
+
+def loss_scaler_state(optimizer_state: dict) -> dict[str, Any] | None:
+    """DeepSpeed's loss scaler (a LossScaler / DynamicLossScaler record, or the fp16 optimizer's own fields)
+    as dszero's scaler state: scale, hysteresis_left, steps, last_overflow_step."""
+    record = optimizer_state.get("loss_scaler") if isinstance(optimizer_state, dict) else None
+    if isinstance(record, dict) and RECORD_CLASS_KEY in record:
+        fields = record
+    elif isinstance(optimizer_state, dict) and "cur_scale" in optimizer_state:
+        fields = optimizer_state
+    else:
+        return None
+    state: dict[str, Any] = {"scale": float(fields.get("cur_scale", 1.0))}
+    if "cur_hysteresis" in fields:
+        state["hysteresis_left"] = int(fields["cur_hysteresis"])
+    if "cur_iter" in fields:
+        state["steps"] = int(fields["cur_iter"])
+    if "last_overflow_iter" in fields:
+        state["last_overflow_step"] = int(fields["last_overflow_iter"])
+    return state
+
+
+def _group_settings(optimizer_state: Any) -> list[dict[str, Any]]:
+    """The optimizer's per-group settings (lr, betas, weight decay...), without the parameter lists."""
+    if not isinstance(optimizer_state, dict):
+        return []
+    inner = optimizer_state.get("base_optimizer_state") or optimizer_state.get("optimizer_state_dict") \
+        or optimizer_state
+    groups = inner.get("param_groups") if isinstance(inner, dict) else None
+    if not isinstance(groups, list):
+        return []
+    return [{k: v for k, v in g.items() if k != "params"} for g in groups if isinstance(g, dict)]
