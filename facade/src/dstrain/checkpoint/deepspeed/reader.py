@@ -35,36 +35,40 @@ def read_deepspeed(directory: str | Path) -> WholeCheckpoint:
     """Everything a DeepSpeed checkpoint directory holds, each tensor whole."""
     path = Path(directory)
     files = scan(path)
-    if len(files.mp_ranks) > 1:
-        raise CheckpointLoadError(f"{path}: saved with {len(files.mp_ranks)} tensor-parallel (mp) ranks; DeepSpeed's "
-                                  f"own files cut by tensor parallelism are not read here: load DeepSpeed's universal "
-                                  f"layout of it (ds_to_universal, then checkpoint.load_universal)")
     main_path = files.model.get(0) or files.zero3_model.get((0, 0))
     if main_path is None:
         raise CheckpointLoadError(f"{path}: no mp_rank_00_model_states.pt (a pipeline's layer files alone are not a "
                                   f"checkpoint: DeepSpeed writes the model-states file beside them)")
     main = _checked_dict(load_pickle(main_path), main_path)
+    stages = _pipeline_stages(files, main, main_path)
     module = _module_state(files, main, main_path)
-    optim = [(p, _optimizer_state(load_pickle(p), p)) for p in _optim_paths(files)]
-    param_shapes = _param_shapes(main, main_path) if optim else []
-    if optim and "fp32_flat_groups" in optim[0][1]:
-        states, scalars = stage3_states(optim, param_shapes)
-        module = _stage3_module(files, main, module, states, main_path)
-    elif optim:
-        states, scalars = sliced_states(optim, param_shapes)
-    elif isinstance(main.get("optimizer"), dict):
-        trained = _trained_names(main, module)
-        states, scalars = unpartitioned_states(main["optimizer"], trained,
-                                               {n: tuple(module[n].shape) for n in trained}, main_path)
-    else:
-        states, scalars = {}, {}
+    states: dict[str, dict[str, torch.Tensor]] = {}
+    scalars: dict[str, Any] = {}
+    first_optim: dict = {}
+    for stage in range(stages):  # one model-states file and set of optimizer files per pipeline stage
+        stage_main = main if stage == 0 else _checked_dict(load_pickle(files.model[stage]), files.model[stage])
+        optim = [(p, _optimizer_state(load_pickle(p), p)) for p in _optim_paths(files, stage)]
+        first_optim = first_optim or (optim[0][1] if optim else {})
+        if optim and "fp32_flat_groups" in optim[0][1]:
+            stage_states, stage_scalars = stage3_states(optim, _param_shapes(stage_main, main_path))
+            module = _stage3_module(files, stage_main, module, stage_states, main_path)
+        elif optim:
+            stage_states, stage_scalars = sliced_states(optim, _param_shapes(stage_main, main_path))
+        elif isinstance(stage_main.get("optimizer"), dict):
+            trained = _trained_names(stage_main, module)
+            stage_states, stage_scalars = unpartitioned_states(stage_main["optimizer"], trained,
+                                                               {n: tuple(module[n].shape) for n in trained}, main_path)
+            first_optim = first_optim or stage_main["optimizer"]
+        else:
+            stage_states, stage_scalars = {}, {}
+        states.update(stage_states)
+        scalars = scalars or stage_scalars
     for name, entry in states.items():
         if MASTER not in entry:
             if name not in module:
                 raise CheckpointLoadError(f"{main_path}: the optimizer holds state for {name}, which the module "
                                           f"does not have")
             entry[MASTER] = module[name].float().clone()
-    first_optim = optim[0][1] if optim else (main.get("optimizer") or {})
     return WholeCheckpoint(
         module=module, parameters=states, scalars=scalars,
         lr_scheduler=main.get("lr_scheduler") if isinstance(main.get("lr_scheduler"), dict) else None,
@@ -73,14 +77,30 @@ def read_deepspeed(directory: str | Path) -> WholeCheckpoint:
         optimizer_groups=_group_settings(first_optim), source="deepspeed", path=str(path))
 
 
+def _pipeline_stages(files: DeepSpeedFiles, main: dict, main_path: Path) -> int:
+    """How many pipeline stages wrote files (DeepSpeed numbers a pipeline's stages as its mp ranks); a
+    checkpoint cut by tensor parallelism is refused."""
+    dims = main.get("checkpoint_parallel_dimensions")
+    tp = dims.get("tp_degree", 1) if isinstance(dims, dict) else main.get("mp_world_size", 1)
+    ranks = len(files.mp_ranks)
+    if tp not in (1, None) or (ranks > 1 and not files.layers):
+        raise CheckpointLoadError(f"{main_path.parent}: saved with tensor parallelism ({tp} tensor ranks, {ranks} mp "
+                                  f"files); DeepSpeed's files cut by tensor parallelism are not read here: convert it "
+                                  f"with DeepSpeed's ds_to_universal and load that with checkpoint.load_universal")
+    missing = [r for r in range(ranks) if r not in files.model and (r, 0) not in files.zero3_model]
+    if missing:
+        raise CheckpointLoadError(f"{main_path.parent}: the model-states file of pipeline stage(s) {missing} is missing")
+    return ranks
+
+
 def _checked_dict(value: Any, path: Path) -> dict:
     if not isinstance(value, dict):
         raise CheckpointLoadError(f"{path}: holds a {type(value).__name__}, not DeepSpeed's state dict")
     return value
 
 
-def _optim_paths(files: DeepSpeedFiles) -> list[Path]:
-    return [files.optim[(0, dp)] for dp in range(files.dp_size("optim"))]
+def _optim_paths(files: DeepSpeedFiles, mp_rank: int) -> list[Path]:
+    return [files.optim[(mp_rank, dp)] for dp in range(files.dp_size("optim")) if (mp_rank, dp) in files.optim]
 
 
 def _optimizer_state(value: Any, path: Path) -> dict:

@@ -14,6 +14,7 @@ ours as its `pickle_module`.
 
 from __future__ import annotations
 
+import _compat_pickle
 import argparse
 import collections
 import importlib
@@ -147,6 +148,11 @@ def restricted_pickle_module(path: str | os.PathLike) -> types.ModuleType:
 
 def admitted_global(module: str, name: str, where: str) -> Any:
     """The object a pickle's global `module.name` stands for, or CheckpointLoadError: nothing else is imported."""
+    # Protocol 2 (torch.save's) writes Python 2's names for some modules (builtins -> __builtin__): read them back.
+    if (module, name) in _compat_pickle.NAME_MAPPING:
+        module, name = _compat_pickle.NAME_MAPPING[(module, name)]
+    elif module in _compat_pickle.IMPORT_MAPPING:
+        module = _compat_pickle.IMPORT_MAPPING[module]
     key = (module, name)
     qualified = f"{module}.{name}"
     if key in _TORCH_FUNCTIONS or key in _TORCH_CLASSES:
