@@ -13,6 +13,7 @@ checkpoint that does not fit leaves the run as it was.
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -138,11 +139,20 @@ def _parameter_states(parts: TrainingParts, whole: WholeCheckpoint, cut) -> dict
 
 
 def _group_settings(optimizer: Any, whole: WholeCheckpoint) -> None:
-    """The saved groups' settings (the lr the next step takes, betas...), where the groups correspond."""
+    """The saved groups' settings (the lr the next step takes, betas...): group by group where the groups
+    correspond, or the one setting every saved group shares where this run groups its parameters otherwise
+    (tensor parallelism keeps its cut parameters in groups of their own)."""
     saved = whole.optimizer_groups
     current = optimizer.param_groups
-    if not saved or len(saved) != len(current):
+    if not saved:
         return
+    if len(saved) != len(current):
+        if any(group != saved[0] for group in saved[1:]):
+            warnings.warn(f"{whole.path}: {len(saved)} optimizer parameter groups with different settings were "
+                          f"saved and this run has {len(current)}; the groups' settings (lr, betas...) are this "
+                          f"run's own", stacklevel=4)
+            return
+        saved = saved[:1] * len(current)
     for group, settings in zip(current, saved):
         for key, value in settings.items():
             if key in group and key != "params":

@@ -35,6 +35,8 @@ MAPPED_PATHS: dict[str, str] = {
     "deepspeed.comm": "dstrain.comm",
     "deepspeed.zero": "dstrain.zero",
     "deepspeed.checkpointing": "dstrain.checkpointing",
+    "deepspeed.checkpoint": "dstrain.checkpoint",
+    "deepspeed.checkpoint.ds_to_universal": "dstrain.checkpoint.ds_to_universal",
     "deepspeed.runtime": "dstrain.runtime",
     "deepspeed.runtime.activation_checkpointing": "dstrain.runtime",
     "deepspeed.runtime.activation_checkpointing.checkpointing": "dstrain.checkpointing",
