@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import pickle
+import re
 import shutil
 import subprocess
 import sys
@@ -88,7 +89,7 @@ def test_a_plain_pickle_outside_torchs_zip_format_is_refused_too(tmp_path):
     marker = tmp_path / "code_ran"
     file = tmp_path / "mp_rank_00_model_states.pt"
     file.write_bytes(pickle.dumps({"module": {}, "x": RunsCode(marker)}, protocol=2))
-    with pytest.raises(CheckpointLoadError, match="posix.system"):
+    with pytest.raises(CheckpointLoadError, match=r"posix\.system"):
         load_pickle(file)
     assert not marker.exists()
 
@@ -128,7 +129,7 @@ def test_a_truncated_or_foreign_file_is_a_clear_error(tmp_path):
     file = tmp_path / "zero_pp_rank_0_mp_rank_00_optim_states.pt"
     source = FIXTURES / "zero2_fp32" / "global_step3" / "zero_pp_rank_0_mp_rank_00_optim_states.pt"
     file.write_bytes(source.read_bytes()[:1000])
-    with pytest.raises(CheckpointLoadError, match=str(file)):
+    with pytest.raises(CheckpointLoadError, match=re.escape(str(file))):
         load_pickle(file)
     file.write_text("not a checkpoint")
     with pytest.raises(CheckpointLoadError, match="truncated or corrupt"):
