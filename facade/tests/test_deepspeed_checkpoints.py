@@ -141,3 +141,33 @@ def test_a_model_of_another_shape_is_refused_naming_the_parameter(tmp_path):
 
     message, untouched = run_ranks(other_model, 1, str(FIXTURES / "zero2_fp32"), timeout=120)[0]
     assert "shape" in message and "embed.weight" in message and untouched
+
+
+@pytest.mark.parametrize("case", ["zero0_fp32", "zero1_fp32", "zero2_fp32", "zero3_fp32", "zero3_bf16",
+                                  "pipe2_zero1_fp32"])
+def test_zero_to_fp32_reads_deepspeeds_checkpoints(case, tmp_path):
+    from dstrain.utils.zero_to_fp32 import (
+        convert_zero_checkpoint_to_fp32_state_dict,
+        get_fp32_state_dict_from_zero_checkpoint,
+        load_state_dict_from_zero_checkpoint,
+    )
+
+    state = get_fp32_state_dict_from_zero_checkpoint(FIXTURES / case)  # the root: its `latest` names the tag
+    # DeepSpeed's own ds_to_universal wrote the zero2_fp32 run's fp32 masters into the universal fixture.
+    universal = FIXTURES / "universal" / "global_step3_universal" / "zero"
+    names = {p.name for p in universal.iterdir() if p.is_dir()}
+    if case.startswith("pipe"):
+        assert len(state) == len(names) and all(v.dtype == torch.float32 for v in state.values())
+        return
+    assert set(state) == names and all(v.dtype == torch.float32 for v in state.values())
+    from dstrain.checkpoint.deepspeed.unpickler import load_pickle
+
+    tolerance = {"rtol": 0, "atol": 0} if case == "zero2_fp32" else {"rtol": 1e-5, "atol": 1e-6}
+    if "bf16" in case:
+        tolerance = {"rtol": 0.05, "atol": 5e-3}  # another run, in bf16
+    for name in names:
+        torch.testing.assert_close(state[name], load_pickle(universal / name / "fp32.pt")["param"], **tolerance)
+    out = convert_zero_checkpoint_to_fp32_state_dict(FIXTURES / case, tmp_path)
+    assert out == tmp_path / "model.safetensors"
+    model = load_state_dict_from_zero_checkpoint(im.LM(), FIXTURES / case)
+    assert torch.equal(model.head.weight, state["head.weight"])

@@ -88,6 +88,11 @@ def test_dstrain_to_universal_to_dstrain_at_another_size_equals_an_uninterrupted
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert (tmp_path / "ckpt" / "latest_universal").read_text() == out.name
+    from dstrain.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    masters = get_fp32_state_dict_from_zero_checkpoint(tmp_path / "ckpt")  # dstrain's own: <tag>/zero under latest
+    for name, value in masters.items():
+        assert torch.equal(value, load_pickle(out / "zero" / name / "fp32.pt")["param"])
     (path, client, steps), losses = run_ranks(load_and_train, 1, str(tmp_path / "ckpt"), 3, 1, timeout=180)[0]
     assert Path(path) == out and client == {"note": "dstrain"} and steps == im.STEPS_BEFORE_SAVE
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(uninterrupted), rtol=1e-5, atol=0)

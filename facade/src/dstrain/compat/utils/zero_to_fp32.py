@@ -1,34 +1,103 @@
-"""`deepspeed.utils.zero_to_fp32`: consolidate a ZeRO checkpoint into one fp32 state dict (from dszero)."""
+"""`deepspeed.utils.zero_to_fp32`: consolidate a ZeRO checkpoint into one fp32 state dict, from dstrain's
+checkpoints (dszero's shards) and from DeepSpeed's own (its `zero_pp_rank_*` files, read through the
+restricted unpickler).
+
+    python -m dstrain.utils.zero_to_fp32 CHECKPOINT_DIR OUTPUT.safetensors [--tag TAG]
+"""
 
 from __future__ import annotations
 
+import argparse
 import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from dszero import convert_zero_checkpoint_to_fp32_state_dict, get_fp32_state_dict_from_zero_checkpoint
+import dsaio
+import dszero
+from dszero import convert_zero_checkpoint_to_fp32_state_dict as _dszero_convert
+from dszero import get_fp32_state_dict_from_zero_checkpoint as _dszero_fp32
 
+from ...checkpoint.contents import MASTER
+from ...checkpoint.deepspeed.files import is_deepspeed_directory
+from ...checkpoint.deepspeed.reader import read_deepspeed
 from ...checkpoint.paths import read_latest, tag_directory
-from ...errors import CheckpointLoadError
+from ...errors import CheckpointLoadError, DstrainError
+
+
+def _tag_dir(root: Path, tag: str | None) -> Path:
+    if tag is None:
+        tag = read_latest(root)
+    return tag_directory(root, tag) if tag is not None else root
+
+
+def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir: str | os.PathLike, tag: str | None = None,
+                                             exclude_frozen_parameters: bool = False) -> dict[str, torch.Tensor]:
+    """{name: fp32 tensor}: every trained parameter's fp32 master weights, whole. For DeepSpeed's checkpoints,
+    as DeepSpeed's own script does, also the module's other entries (frozen parameters, buffers) in fp32,
+    unless exclude_frozen_parameters (then the trained parameters only); `checkpoint_dir` is the directory
+    with `latest` (or `tag`'s directory itself)."""
+    root = Path(os.fspath(checkpoint_dir))
+    directory = root if is_deepspeed_directory(root) else _tag_dir(root, tag)
+    if is_deepspeed_directory(directory):
+        whole = read_deepspeed(directory)
+        state: dict[str, Any] = {name: entry[MASTER] for name, entry in whole.parameters.items()}
+        if not exclude_frozen_parameters:
+            for name, value in whole.module.items():
+                if name not in state:
+                    state[name] = value.float() if value.is_floating_point() else value
+        return state
+    if (directory / "zero").is_dir() and not (directory / "zero_meta.json").is_file():
+        directory = directory / "zero"  # a dstrain checkpoint keeps its ZeRO shards under <tag>/zero
+    return _dszero_fp32(directory)
+
+
+def convert_zero_checkpoint_to_fp32_state_dict(checkpoint_dir: str | os.PathLike, output_file: str | os.PathLike,
+                                               tag: str | None = None, exclude_frozen_parameters: bool = False) -> Path:
+    """Write the consolidated fp32 weights as one safetensors file (a directory gets model.safetensors)."""
+    root = Path(os.fspath(checkpoint_dir))
+    directory = root if is_deepspeed_directory(root) else _tag_dir(root, tag)
+    if not is_deepspeed_directory(directory):
+        return _dszero_convert(checkpoint_dir, output_file, tag)
+    state = get_fp32_state_dict_from_zero_checkpoint(directory, exclude_frozen_parameters=exclude_frozen_parameters)
+    output = Path(output_file)
+    if output.is_dir():
+        output = output / "model.safetensors"
+    dsaio.save({k: v.contiguous() for k, v in state.items()}, output)
+    return output
 
 
 def load_state_dict_from_zero_checkpoint(model: torch.nn.Module, checkpoint_dir: str | os.PathLike,
                                          tag: str | None = None) -> torch.nn.Module:
-    """Load the consolidated fp32 weights of a checkpoint into `model` (on the CPU) and return it.
-
-    `checkpoint_dir` is the directory `save_checkpoint` wrote (its tags and `latest`); a dstrain
-    checkpoint keeps its ZeRO shards under `<tag>/zero`."""
-    root = Path(os.fspath(checkpoint_dir))
-    tag = tag if tag is not None else read_latest(root)
-    zero_dir = tag_directory(root, tag) / "zero" if tag is not None else root
-    state: dict[str, Any] = get_fp32_state_dict_from_zero_checkpoint(zero_dir)
+    """Load the consolidated fp32 weights of a checkpoint (dstrain's or DeepSpeed's) into `model` (on the
+    CPU) and return it."""
+    state = get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag)
     model = model.cpu()
     _buffers_left_as_they_are, unexpected = model.load_state_dict(state, strict=False)
     if unexpected:
-        raise CheckpointLoadError(f"{zero_dir}: the checkpoint has parameters the model lacks: {unexpected[:5]}")
+        raise CheckpointLoadError(f"{checkpoint_dir}: the checkpoint has parameters the model lacks: {unexpected[:5]}")
     return model
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="zero_to_fp32", description=__doc__.splitlines()[0])
+    parser.add_argument("checkpoint_dir", help="the directory with 'latest' (dstrain's or DeepSpeed's)")
+    parser.add_argument("output_file", help="a .safetensors file, or a directory (model.safetensors inside)")
+    parser.add_argument("--tag", default=None, help="sub-directory of checkpoint_dir (default: the 'latest' file)")
+    parser.add_argument("--exclude_frozen_parameters", action="store_true")
+    args = parser.parse_args(argv)
+    try:
+        out = convert_zero_checkpoint_to_fp32_state_dict(args.checkpoint_dir, args.output_file, args.tag,
+                                                         args.exclude_frozen_parameters)
+    except (DstrainError, dszero.CheckpointError, OSError) as exc:
+        parser.exit(1, f"zero_to_fp32: {exc}\n")
+    print(f"zero_to_fp32: wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
 
 
 __all__ = ["convert_zero_checkpoint_to_fp32_state_dict", "get_fp32_state_dict_from_zero_checkpoint",
