@@ -89,3 +89,29 @@ def config(stage: int, *, dtype: str = "fp32", dp_size: int = 2, pipeline: bool 
     if dtype == "bf16":
         cfg["bf16"] = {"enabled": True}
     return cfg
+
+
+EXPERTS = 4
+
+
+class MoELM(nn.Module):
+    """LM with one MoE layer; `moe_class` is DeepSpeed's MoE (writing the fixture) or dstrain's (loading it)."""
+
+    def __init__(self, moe_class, ep_size: int, vocab: int = VOCAB, d: int = WIDTH):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        expert = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+        # No random token selection and no noisy gate: both implementations route the same tokens.
+        self.moe = moe_class(d, expert, num_experts=EXPERTS, ep_size=ep_size, k=1, capacity_factor=2.0,
+                             min_capacity=4, use_rts=False)
+        self.head = nn.Linear(d, vocab)
+
+    def forward(self, tokens):
+        x = self.embed(tokens[:, :-1])
+        out, l_aux, _ = self.moe(x)
+        return lm_loss(self.head(x + out), tokens[:, 1:]) + 0.01 * l_aux
+
+
+def make_moe_lm(moe_class, ep_size: int, seed: int = 0) -> MoELM:
+    torch.manual_seed(seed)
+    return MoELM(moe_class, ep_size)

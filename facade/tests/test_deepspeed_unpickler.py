@@ -61,7 +61,9 @@ def plant(directory: Path, payload) -> Path:
     model_file = directory / "global_step3" / "mp_rank_00_model_states.pt"
     state = load_pickle(model_file)
     state["innocent_looking"] = payload
-    torch.save(state, model_file)
+    # The tensors read are mapped from the file: write beside it and rename, never over it in place.
+    torch.save(state, model_file.with_suffix(".tmp"))
+    os.replace(model_file.with_suffix(".tmp"), model_file)
     return model_file
 
 
@@ -133,4 +135,20 @@ def test_a_truncated_or_foreign_file_is_a_clear_error(tmp_path):
         load_pickle(file)
     file.write_text("not a checkpoint")
     with pytest.raises(CheckpointLoadError, match="truncated or corrupt"):
+        load_pickle(file)
+
+
+def test_a_record_past_the_end_of_the_file_is_an_error_not_a_crash(tmp_path):
+    """The tensors are mapped, not read: a record that claims bytes the file does not have would be a bus
+    error on first touch, so the archive's records are checked against the file's size first."""
+    file = tmp_path / "zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    torch.save({"t": torch.arange(100_000.0)}, file)
+    data = bytearray(file.read_bytes())
+    directory = data.rfind(b"PK\x01\x02")  # the central directory's first entry: the data.pkl record
+    while directory != -1:
+        size_at = directory + 20  # its compressed size: claim a gigabyte
+        data[size_at:size_at + 4] = (2**30).to_bytes(4, "little")
+        directory = data.rfind(b"PK\x01\x02", 0, directory)
+    file.write_bytes(bytes(data))
+    with pytest.raises(CheckpointLoadError, match="past the end|not a readable"):
         load_pickle(file)

@@ -26,6 +26,7 @@ from ..errors import CheckpointLoadError
 from ..logs import log_on_rank0
 from ..wiring.optional_libs import LazyLibrary, imported
 from .contents import MASTER, WholeCheckpoint
+from .deepspeed.experts import EXPERT_NAME
 
 if TYPE_CHECKING:
     from ..engine.parts import TrainingParts
@@ -40,13 +41,17 @@ def load_whole(parts: TrainingParts, whole: WholeCheckpoint, *, load_module_stri
     pipeline stage (the checkpoint's other layers are not an error); `group`: the ranks to wait for."""
     cut = _tensor_cutter(parts)
     sharded = _sharded_names(parts)
+    # What ZeRO trains takes its weights from the masters below: the module's copies are not read for it.
+    through_masters = {slot.name for group in parts.optimizer.groups for slot in group.layout.slots} \
+        if parts.optimizer is not None else set()
     module_values = _module_values(parts, whole, cut, sharded, load_module_strict, stage_of_pipeline)
     states = _parameter_states(parts, whole, cut) if parts.optimizer is not None else {}
     restore_run = not load_module_only and parts.optimizer is not None
     with torch.no_grad():
         targets = parts.module.state_dict(keep_vars=True)
         for name, value in module_values.items():
-            targets[name].data.copy_(value.to(targets[name].dtype))
+            if name not in through_masters:
+                targets[name].data.copy_(value.to(targets[name].dtype))
     optimizer = parts.optimizer
     if optimizer is not None:
         with_states = load_optimizer_states and not load_module_only
@@ -93,7 +98,11 @@ def _module_values(parts: TrainingParts, whole: WholeCheckpoint, cut, sharded: s
     targets = parts.module.state_dict(keep_vars=True)
     wanted = {n for n in targets if n not in sharded}
     missing = sorted(n for n in wanted | sharded if n not in whole.module and n not in whole.parameters)
-    unexpected = [] if stage_of_pipeline else sorted(set(whole.module) - set(targets))
+    # A pipeline stage holds its own layers, an expert-parallel rank its own experts: the others are not extra.
+    own_experts = {m["prefix"] for n in targets if (m := EXPERT_NAME.fullmatch(n))}
+    unexpected = [] if stage_of_pipeline else sorted(
+        n for n in set(whole.module) - set(targets)
+        if not ((m := EXPERT_NAME.fullmatch(n)) and m["prefix"] in own_experts))
     if strict and (missing or unexpected):
         raise CheckpointLoadError(f"{whole.path} does not match the model: missing {missing[:5]}"
                                   f"{'...' if len(missing) > 5 else ''}, unexpected {unexpected[:5]}"

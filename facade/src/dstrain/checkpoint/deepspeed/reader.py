@@ -17,6 +17,7 @@ import torch
 
 from ...errors import CheckpointLoadError
 from ..contents import MASTER, WholeCheckpoint
+from .experts import expert_prefixes, expert_renamer
 from .files import DeepSpeedFiles, scan
 from .unpickler import RECORD_CLASS_KEY, load_pickle
 from .zero_states import sliced_states, stage3_states, unpartitioned_states
@@ -41,19 +42,29 @@ def read_deepspeed(directory: str | Path) -> WholeCheckpoint:
                                   f"checkpoint: DeepSpeed writes the model-states file beside them)")
     main = _checked_dict(load_pickle(main_path), main_path)
     stages = _pipeline_stages(files, main, main_path)
-    module = _module_state(files, main, main_path)
+    expert_states = {key: _checked_dict(load_pickle(p), p) for key, p in sorted(files.experts.items())}
+    module = _module_state(files, main, main_path, expert_states)
     states: dict[str, dict[str, torch.Tensor]] = {}
     scalars: dict[str, Any] = {}
     first_optim: dict = {}
     for stage in range(stages):  # one model-states file and set of optimizer files per pipeline stage
         stage_main = main if stage == 0 else _checked_dict(load_pickle(files.model[stage]), files.model[stage])
-        optim = [(p, _optimizer_state(load_pickle(p), p)) for p in _optim_paths(files, stage)]
+        paths = _optim_paths(files, stage)
+        _check_dp_size(files, paths, main, stage)
+        optim = [(p, _optimizer_state(load_pickle(p), p)) for p in paths]
         first_optim = first_optim or (optim[0][1] if optim else {})
+        if main.get("num_experts") and not (optim and "single_partition_of_fp32_groups" in optim[0][1]):
+            raise CheckpointLoadError(f"{path}: an MoE checkpoint of DeepSpeed's "
+                                      f"{'ZeRO-3' if optim else 'optimizer without ZeRO'}: its experts' optimizer "
+                                      f"state is not read here (ZeRO-1/2 ones are); convert it with DeepSpeed's "
+                                      f"ds_to_universal and load that with checkpoint.load_universal")
         if optim and "fp32_flat_groups" in optim[0][1]:
             stage_states, stage_scalars = stage3_states(optim, _param_shapes(stage_main, main_path))
             module = _stage3_module(files, stage_main, module, stage_states, main_path)
         elif optim:
-            stage_states, stage_scalars = sliced_states(optim, _param_shapes(stage_main, main_path))
+            rename = expert_renamer(main, expert_prefixes(expert_states), _group_settings(optim[0][1]), len(optim),
+                                    main_path)
+            stage_states, stage_scalars = sliced_states(optim, _param_shapes(stage_main, main_path), rename)
         elif isinstance(stage_main.get("optimizer"), dict):
             trained = _trained_names(stage_main, module)
             stage_states, stage_scalars = unpartitioned_states(stage_main["optimizer"], trained,
@@ -103,6 +114,16 @@ def _optim_paths(files: DeepSpeedFiles, mp_rank: int) -> list[Path]:
     return [files.optim[(mp_rank, dp)] for dp in range(files.dp_size("optim")) if (mp_rank, dp) in files.optim]
 
 
+def _check_dp_size(files: DeepSpeedFiles, paths: list[Path], main: dict, stage: int) -> None:
+    """Every data rank's optimizer file is there (the model-states file says how many ranks saved)."""
+    saved = main.get("dp_world_size")
+    if not paths or not isinstance(saved, int) or len(paths) >= saved:
+        return
+    name = f"{files.optim_prefix}zero_pp_rank_{len(paths)}_mp_rank_{stage:02d}_optim_states.pt"
+    raise CheckpointLoadError(f"{files.directory / name} is missing: the checkpoint was saved by {saved} data-parallel "
+                              f"ranks and only {len(paths)} optimizer file(s) are there")
+
+
 def _optimizer_state(value: Any, path: Path) -> dict:
     state = _checked_dict(value, path).get("optimizer_state_dict")
     if not isinstance(state, dict):
@@ -120,7 +141,8 @@ def _param_shapes(main: dict, path: Path) -> list[dict[str, tuple[int, ...]]]:
     return [{str(k): tuple(int(d) for d in v) for k, v in s.items()} for s in shapes]
 
 
-def _module_state(files: DeepSpeedFiles, main: dict, main_path: Path) -> dict[str, torch.Tensor]:
+def _module_state(files: DeepSpeedFiles, main: dict, main_path: Path,
+                  expert_states: dict[tuple[int, int, int], dict]) -> dict[str, torch.Tensor]:
     module = main.get("module")
     state: dict[str, torch.Tensor] = {}
     if isinstance(module, dict):
@@ -133,10 +155,8 @@ def _module_state(files: DeepSpeedFiles, main: dict, main_path: Path) -> dict[st
         for key, value in _checked_dict(load_pickle(layer_path), layer_path).items():
             if torch.is_tensor(value):
                 state[f"{layer}.{key}"] = value
-    for _, expert_path in sorted(files.experts.items()):
-        for key, value in _checked_dict(load_pickle(expert_path), expert_path).items():
-            if torch.is_tensor(value):
-                state[str(key)] = value
+    for expert_state in expert_states.values():  # named by global expert id, as the whole model names them
+        state.update({str(k): v for k, v in expert_state.items() if torch.is_tensor(v)})
     return state
 
 

@@ -21,6 +21,7 @@ import importlib
 import os
 import pickle
 import types
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,6 @@ DEEPSPEED_ENUMS = frozenset({
     "deepspeed.runtime.zero.offload_config.OffloadDeviceEnum",
     "deepspeed.runtime.zero.offload_config.OffloadStateTypeEnum",
     "deepspeed.runtime.config.DtypeEnum",
-    "deepspeed.runtime.activation_checkpointing.config.ActivationCheckpointingConfig",
 })
 
 _TORCH_FUNCTIONS = {
@@ -223,9 +223,12 @@ def _numpy_array(record: _NumpyArray) -> Any:
     return _numpy_from_bytes(data, _numpy_dtype(dtype), shape, bool(fortran))
 
 
-def load_pickle(path: str | os.PathLike, *, mmap: bool = False) -> Any:
+def load_pickle(path: str | os.PathLike) -> Any:
     """The contents of a torch `.pt` file, read through the restricted unpickler, with DeepSpeed's records
-    turned into plain dicts (RECORD_CLASS_KEY names their class) and Namespaces rebuilt."""
+    turned into plain dicts (RECORD_CLASS_KEY names their class) and Namespaces rebuilt. The tensors of
+    torch's zip files are mapped, not read: only what is used is read from the disk (a loading rank needs
+    its own shard of the optimizer's state, not every rank's). So the file must not be rewritten in place
+    while they are in use: write a new file and rename it over the old one."""
     file = Path(path)
     if not file.is_file():
         raise CheckpointLoadError(f"{file}: no such file")
@@ -234,7 +237,7 @@ def load_pickle(path: str | os.PathLike, *, mmap: bool = False) -> Any:
                                   f"restricted unpickler that reads DeepSpeed's files; unset it to load this file")
     try:
         loaded = torch.load(file, map_location="cpu", pickle_module=restricted_pickle_module(file),
-                            weights_only=False, mmap=mmap)
+                            weights_only=False, mmap=_mappable(file))
     except CheckpointLoadError:
         raise
     except (pickle.UnpicklingError, EOFError, RuntimeError, ValueError, KeyError, TypeError, AttributeError,
@@ -242,6 +245,30 @@ def load_pickle(path: str | os.PathLike, *, mmap: bool = False) -> Any:
         raise CheckpointLoadError(f"{file}: not a readable torch checkpoint file (truncated or corrupt?): "
                                   f"{type(exc).__name__}: {exc}") from None
     return plain_data(loaded)
+
+
+def _mappable(file: Path) -> bool:
+    """Whether `file` is a torch zip whose every record lies inside the file, so mapping it is safe (a record
+    past the end would be a bus error on first touch, not an exception); False for torch's legacy format."""
+    if not zipfile.is_zipfile(file):
+        return False
+    size = file.stat().st_size
+    try:
+        with zipfile.ZipFile(file) as archive, open(file, "rb") as raw:
+            for info in archive.infolist():
+                raw.seek(info.header_offset)
+                header = raw.read(30)  # the local header: its name and extra lengths place the data
+                if len(header) < 30 or header[:4] != b"PK\x03\x04":
+                    raise zipfile.BadZipFile(f"no local header for {info.filename}")
+                start = info.header_offset + 30 + int.from_bytes(header[26:28], "little") \
+                    + int.from_bytes(header[28:30], "little")
+                if info.compress_type != zipfile.ZIP_STORED or start + info.compress_size > size:
+                    raise CheckpointLoadError(f"{file}: the record {info.filename} lies past the end of the file or "
+                                              f"is compressed (truncated, or not written by torch.save)")
+    except (zipfile.BadZipFile, OSError, ValueError) as exc:
+        raise CheckpointLoadError(f"{file}: not a readable torch checkpoint file (truncated or corrupt?): {exc}") \
+            from None
+    return True
 
 
 def plain_data(value: Any) -> Any:

@@ -15,7 +15,7 @@ raises CheckpointLoadError naming the file and parameter when pieces are missing
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -66,13 +66,17 @@ def _shape_of(param_shapes: Sequence[dict], name: str, path: Path) -> tuple[int,
                               f"model-states file")
 
 
-def sliced_states(optim: Sequence[tuple[Path, dict]], param_shapes: Sequence[dict]) -> tuple[States, dict[str, Any]]:
-    """Stages 1-2: (file, optimizer_state_dict) of every data rank in rank order -> whole per-parameter states."""
+def sliced_states(optim: Sequence[tuple[Path, dict]], param_shapes: Sequence[dict],
+                  rename: Callable[[int, int, str], str] | None = None) -> tuple[States, dict[str, Any]]:
+    """Stages 1-2: (file, optimizer_state_dict) of every data rank in rank order -> whole per-parameter states.
+    `rename(rank, group, name)`: the parameter's name in the whole model (MoE experts are numbered per rank
+    in DeepSpeed's files); the shape is looked up under the file's own name."""
     first_path, first = optim[0]
     groups = len(_field(first, "single_partition_of_fp32_groups", first_path))
-    pieces: dict[str, list[tuple[int, str, torch.Tensor]]] = {}  # name -> [(group, kind, piece)] in rank order
+    pieces: dict[str, list[tuple[str, torch.Tensor]]] = {}  # whole name -> [(kind, piece)] in rank order
+    local_names: dict[str, str] = {}
     scalars: dict[str, Any] = {}
-    for path, state in optim:
+    for rank, (path, state) in enumerate(optim):
         masters = _field(state, "single_partition_of_fp32_groups", path)
         mappings = _field(state, "param_slice_mappings", path)
         base = _field(_field(state, "base_optimizer_state", path), "state", path)
@@ -82,23 +86,25 @@ def sliced_states(optim: Sequence[tuple[Path, dict]], param_shapes: Sequence[dic
             flat_master = masters[g].reshape(-1)
             flat, group_scalars = _flat_states(base.get(g, {}), flat_master.numel(), path, g)
             scalars = scalars or _step_scalars(group_scalars)
-            for name, address in mappings[g].items():
-                start, numel = _address(address, path, name)
+            for local, address in mappings[g].items():
+                start, numel = _address(address, path, local)
                 if start < 0 or start + numel > flat_master.numel():
-                    raise CheckpointLoadError(f"{path}: the piece of {name} at {start}+{numel} lies outside the "
+                    raise CheckpointLoadError(f"{path}: the piece of {local} at {start}+{numel} lies outside the "
                                               f"rank's {flat_master.numel()} elements (truncated or corrupt)")
+                name = rename(rank, g, local) if rename is not None else local
+                local_names.setdefault(name, local)
                 entry = pieces.setdefault(name, [])
-                entry.append((g, MASTER, flat_master[start:start + numel]))
+                entry.append((MASTER, flat_master[start:start + numel]))
                 for kind, values in flat.items():
-                    entry.append((g, kind, values[start:start + numel]))
+                    entry.append((kind, values[start:start + numel]))
     states: States = {}
     for name, entries in pieces.items():
-        shape = _shape_of(param_shapes, name, first_path)
+        shape = _shape_of(param_shapes, local_names[name], first_path)
         kinds: dict[str, list[torch.Tensor]] = {}
-        for _, kind, piece in entries:
+        for kind, piece in entries:
             kinds.setdefault(kind, []).append(piece)
         states[name] = {kind: _whole(parts, shape, name, kind, first_path.parent) for kind, parts in kinds.items()}
-    _check_all_present(states, param_shapes, first_path)
+    _check_all_present(set(local_names.values()), param_shapes, first_path)
     return states, scalars
 
 
@@ -112,17 +118,20 @@ def _address(address: Any, path: Path, name: str) -> tuple[int, int]:
 
 
 def _whole(parts: list[torch.Tensor], shape: tuple[int, ...], name: str, kind: str, where: Path) -> torch.Tensor:
-    flat = torch.cat(parts) if len(parts) > 1 else parts[0]
-    if flat.numel() != math.prod(shape):
-        raise CheckpointLoadError(f"{where}: parameter {name} ({kind}) has {flat.numel()} elements over the ranks' "
+    """The parameter's pieces joined (one piece stays a view of its file's mapped tensor: nothing is read
+    until the piece is used)."""
+    numel = sum(p.numel() for p in parts)
+    if numel != math.prod(shape):
+        raise CheckpointLoadError(f"{where}: parameter {name} ({kind}) has {numel} elements over the ranks' "
                                   f"files but its shape {shape} needs {math.prod(shape)}: a rank's file is missing, "
                                   f"truncated or from another checkpoint")
-    return flat.reshape(shape).clone() if kind != MASTER else flat.reshape(shape).float().clone()
+    flat = torch.cat(parts) if len(parts) > 1 else parts[0]
+    return flat.reshape(shape).float() if kind == MASTER else flat.reshape(shape)
 
 
-def _check_all_present(states: States, param_shapes: Sequence[dict], path: Path) -> None:
+def _check_all_present(found: set[str], param_shapes: Sequence[dict], path: Path) -> None:
     for shapes in param_shapes:
-        missing = [name for name in shapes if name not in states]
+        missing = [name for name in shapes if name not in found]
         if missing:
             raise CheckpointLoadError(f"{path.parent}: no optimizer file holds parameter(s) {missing[:5]} that "
                                       f"param_shapes lists")
@@ -167,7 +176,8 @@ def stage3_states(optim: Sequence[tuple[Path, dict]], param_shapes: Sequence[dic
                                                   f"{offset}..{offset + part} of sub-group {g}, which has "
                                                   f"{flat.numel()}: truncated, or param_shapes is not this run's")
                     pieces.append(flat[offset:offset + part])
-                entry[kind] = torch.cat(pieces)[:math.prod(shape)].reshape(shape).clone()
+                joined = torch.cat(pieces) if ranks > 1 else pieces[0]
+                entry[kind] = joined[:math.prod(shape)].reshape(shape)
                 if kind == MASTER:
                     entry[kind] = entry[kind].float()
             offset += part
@@ -193,5 +203,5 @@ def unpartitioned_states(optimizer_state: Any, names: Sequence[str], shapes: dic
         entry = per_param.get(index, {})
         values, group_scalars = _flat_states(entry, math.prod(shapes[name]), path, index)
         scalars = scalars or _step_scalars(group_scalars)
-        states[name] = {kind: value.reshape(shapes[name]).clone() for kind, value in values.items()}
+        states[name] = {kind: value.reshape(shapes[name]) for kind, value in values.items()}
     return states, scalars

@@ -94,11 +94,13 @@ def _optimizer_state(whole: WholeCheckpoint) -> dict[str, Any]:
 
 def _model_states(whole: WholeCheckpoint) -> dict[str, Any]:
     trained = {name: torch.Size(entry[MASTER].shape) for name, entry in whole.parameters.items()}
-    module = {name: tensor.detach().contiguous() for name, tensor in whole.module.items()}
+    # The trained parameters live in zero/<name>/fp32.pt (DeepSpeed's universal load takes them from there
+    # and never reads the module): the module keeps what has no folder there, buffers and frozen weights.
+    module = {name: tensor.detach().contiguous() for name, tensor in whole.module.items() if name not in trained}
     progress = whole.progress
     steps = int(progress.get("global_steps", 0))
     states = {
-        "module": module, "buffer_names": [n for n in module if n not in trained], "optimizer": None,
+        "module": module, "buffer_names": list(module), "optimizer": None,
         "param_shapes": [trained], "frozen_param_shapes": None, "shared_params": {}, "frozen_param_fragments": None,
         "lr_scheduler": whole.lr_scheduler, "data_sampler": None, "random_ltd": None,
         "skipped_steps": int(progress.get("skipped_steps", 0)), "global_steps": steps,
