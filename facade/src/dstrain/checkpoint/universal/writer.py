@@ -77,12 +77,21 @@ def _write_parameters(whole: WholeCheckpoint, zero: Path, workers: int) -> None:
         for kind, tensor in entry.items():
             stem = FP32 if kind == MASTER else kind
             value = tensor.float() if kind == MASTER else tensor
-            jobs.append((folder / f"{stem}.pt", {PARAM: value.detach().contiguous()}))
+            jobs.append((folder / f"{stem}.pt", {PARAM: _compact(value.detach())}))
         if step is not None and len(entry) > 1:
             jobs.append((folder / f"{STEP}.pt", torch.tensor(float(step))))
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         for _ in pool.map(lambda job: torch.save(job[1], job[0]), jobs):
             pass
+
+
+def _compact(tensor: torch.Tensor) -> torch.Tensor:
+    """A tensor that owns exactly its elements: torch.save writes a view's whole storage (a parameter read
+    from DeepSpeed's files is a view of its rank's flat buffer)."""
+    if tensor.is_contiguous() and tensor.storage_offset() == 0 \
+            and tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size():
+        return tensor
+    return tensor.clone(memory_format=torch.contiguous_format)
 
 
 def _optimizer_state(whole: WholeCheckpoint) -> dict[str, Any]:
@@ -96,7 +105,7 @@ def _model_states(whole: WholeCheckpoint) -> dict[str, Any]:
     trained = {name: torch.Size(entry[MASTER].shape) for name, entry in whole.parameters.items()}
     # The trained parameters live in zero/<name>/fp32.pt (DeepSpeed's universal load takes them from there
     # and never reads the module): the module keeps what has no folder there, buffers and frozen weights.
-    module = {name: tensor.detach().contiguous() for name, tensor in whole.module.items() if name not in trained}
+    module = {name: _compact(tensor.detach()) for name, tensor in whole.module.items() if name not in trained}
     progress = whole.progress
     steps = int(progress.get("global_steps", 0))
     states = {
