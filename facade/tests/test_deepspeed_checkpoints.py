@@ -192,3 +192,24 @@ def test_deepspeed_moe_checkpoint_loads_at_another_expert_parallel_size(world):
     assert client == im.CLIENT_STATE and steps == im.STEPS_BEFORE_SAVE
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected(case)["losses_after_save"]), rtol=1e-5,
                                atol=0)
+
+
+def partial_load(rank, world, directory, options):
+    from dstrain.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    engine, *_ = dstrain.initialize(model=im.make_lm(seed=123), config=im.config(2, dp_size=world))
+    _, client = engine.load_checkpoint(directory, **options)
+    masters = get_fp32_state_dict_from_zero_checkpoint(directory)
+    same_weights = all(torch.equal(p.detach(), masters[n]) for n, p in engine.module.named_parameters())
+    moments = [s for s in engine.optimizer.optimizer.state.values() if "exp_avg" in s]
+    return client, engine.global_steps, same_weights, len(moments)
+
+
+def test_module_only_and_fresh_optimizer_loads_of_a_deepspeed_checkpoint():
+    directory = str(FIXTURES / "zero2_fp32")
+    client, steps, same, moments = run_ranks(partial_load, 2, directory, {"load_module_only": True},
+                                                timeout=120)[0]
+    assert client == im.CLIENT_STATE and steps == 0 and same and moments == 0  # weights only, as DeepSpeed
+    client, steps, same, moments = run_ranks(partial_load, 2, directory, {"load_optimizer_states": False},
+                                                 timeout=120)[0]
+    assert steps == im.STEPS_BEFORE_SAVE and same and moments == 0  # counters and scheduler, fresh moments

@@ -49,43 +49,50 @@ def read_deepspeed(directory: str | Path) -> WholeCheckpoint:
     first_optim: dict = {}
     for stage in range(stages):  # one model-states file and set of optimizer files per pipeline stage
         stage_main = main if stage == 0 else _checked_dict(load_pickle(files.model[stage]), files.model[stage])
-        paths = _optim_paths(files, stage)
-        _check_dp_size(files, paths, main, stage)
-        optim = [(p, _optimizer_state(load_pickle(p), p)) for p in paths]
-        first_optim = first_optim or (optim[0][1] if optim else {})
-        if main.get("num_experts") and not (optim and "single_partition_of_fp32_groups" in optim[0][1]):
-            raise CheckpointLoadError(f"{path}: an MoE checkpoint of DeepSpeed's "
-                                      f"{'ZeRO-3' if optim else 'optimizer without ZeRO'}: its experts' optimizer "
-                                      f"state is not read here (ZeRO-1/2 ones are); convert it with DeepSpeed's "
-                                      f"ds_to_universal and load that with checkpoint.load_universal")
-        if optim and "fp32_flat_groups" in optim[0][1]:
-            stage_states, stage_scalars = stage3_states(optim, _param_shapes(stage_main, main_path))
+        stage_states, stage_scalars, optim = _stage_states(files, main, stage_main, stage, module, expert_states)
+        if optim and "fp32_flat_groups" in optim:
             module = _stage3_module(files, stage_main, module, stage_states, main_path)
-        elif optim:
-            rename = expert_renamer(main, expert_prefixes(expert_states), _group_settings(optim[0][1]), len(optim),
-                                    main_path)
-            stage_states, stage_scalars = sliced_states(optim, _param_shapes(stage_main, main_path), rename)
-        elif isinstance(stage_main.get("optimizer"), dict):
-            trained = _trained_names(stage_main, module)
-            stage_states, stage_scalars = unpartitioned_states(stage_main["optimizer"], trained,
-                                                               {n: tuple(module[n].shape) for n in trained}, main_path)
-            first_optim = first_optim or stage_main["optimizer"]
-        else:
-            stage_states, stage_scalars = {}, {}
         states.update(stage_states)
         scalars = scalars or stage_scalars
+        first_optim = first_optim or optim
     for name, entry in states.items():
         if MASTER not in entry:
             if name not in module:
                 raise CheckpointLoadError(f"{main_path}: the optimizer holds state for {name}, which the module "
                                           f"does not have")
-            entry[MASTER] = module[name].float().clone()
+            entry[MASTER] = module[name].float()
     return WholeCheckpoint(
         module=module, parameters=states, scalars=scalars,
         lr_scheduler=main.get("lr_scheduler") if isinstance(main.get("lr_scheduler"), dict) else None,
         client_state={k: v for k, v in main.items() if k not in DEEPSPEED_KEYS},
         progress=_progress(main, main_path), loss_scaler=loss_scaler_state(first_optim),
         optimizer_groups=_group_settings(first_optim), source="deepspeed", path=str(path))
+
+
+def _stage_states(files: DeepSpeedFiles, main: dict, stage_main: dict, stage: int, module: dict[str, torch.Tensor],
+                  expert_states: dict) -> tuple[dict, dict[str, Any], dict]:
+    """One pipeline stage's (or the whole run's) per-parameter states and scalars, and its first optimizer
+    state dict (the loss scaler and group settings are read from it)."""
+    main_path = files.model.get(stage) or files.zero3_model.get((stage, 0))
+    paths = _optim_paths(files, stage)
+    _check_dp_size(files, paths, main, stage)
+    optim = [(p, _optimizer_state(load_pickle(p), p)) for p in paths]
+    if main.get("num_experts") and not (optim and "single_partition_of_fp32_groups" in optim[0][1]):
+        raise CheckpointLoadError(f"{files.directory}: an MoE checkpoint of DeepSpeed's "
+                                  f"{'ZeRO-3' if optim else 'optimizer without ZeRO'}: its experts' optimizer state "
+                                  f"is not read here (ZeRO-1/2 ones are); convert it with DeepSpeed's ds_to_universal "
+                                  f"and load that with checkpoint.load_universal")
+    if optim and "fp32_flat_groups" in optim[0][1]:
+        return (*stage3_states(optim, _param_shapes(stage_main, main_path)), optim[0][1])
+    if optim:
+        rename = expert_renamer(main, expert_prefixes(expert_states), _group_settings(optim[0][1]), len(optim),
+                                main_path)
+        return (*sliced_states(optim, _param_shapes(stage_main, main_path), rename), optim[0][1])
+    if isinstance(stage_main.get("optimizer"), dict):  # no ZeRO: torch's optimizer state in the model file
+        trained = _trained_names(stage_main, module)
+        shapes = {n: tuple(module[n].shape) for n in trained}
+        return (*unpartitioned_states(stage_main["optimizer"], trained, shapes, main_path), stage_main["optimizer"])
+    return {}, {}, {}
 
 
 def _pipeline_stages(files: DeepSpeedFiles, main: dict, main_path: Path) -> int:
