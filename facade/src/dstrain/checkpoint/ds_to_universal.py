@@ -25,9 +25,10 @@ from ..errors import CheckpointLoadError, DstrainError
 from .contents import WholeCheckpoint
 from .deepspeed.files import is_deepspeed_directory
 from .deepspeed.reader import read_deepspeed
+from .files import COMMON_FILE
 from .paths import read_latest, tag_directory
-from .universal.from_dstrain import is_dstrain_directory, read_dstrain
 from .universal.writer import write_universal
+from .whole import read_whole
 
 
 def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
@@ -48,19 +49,20 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def read_checkpoint(folder: str | Path) -> WholeCheckpoint:
-    """The checkpoint at `folder` (a tag directory, or a root whose `latest` names one), whole."""
+    """The checkpoint at `folder` (a tag directory, or a root whose `latest` names one), whole: dstrain's at
+    any data / tensor / pipeline / expert layout (read_whole), or DeepSpeed's (read_deepspeed)."""
     path = Path(folder)
     if not path.is_dir():
         raise CheckpointLoadError(f"{path}: no such directory")
-    if not (is_dstrain_directory(path) or is_deepspeed_directory(path)):
+    if not ((path / COMMON_FILE).is_file() or is_deepspeed_directory(path)):
         tag = read_latest(path)
         if tag is not None:
             path = tag_directory(path, tag)
-    if is_dstrain_directory(path):
-        return read_dstrain(path)
+    if (path / COMMON_FILE).is_file():
+        return read_whole(path)
     if is_deepspeed_directory(path):
         return read_deepspeed(path)
-    raise CheckpointLoadError(f"{path}: neither a dstrain checkpoint (engine_common.safetensors) nor a DeepSpeed one "
+    raise CheckpointLoadError(f"{path}: neither a dstrain checkpoint ({COMMON_FILE}) nor a DeepSpeed one "
                               f"(mp_rank_XX_model_states.pt ...), and no 'latest' file names one")
 
 

@@ -21,7 +21,7 @@ EXPERT_NAME = re.compile(r"(?P<prefix>(?:.*\.)?deepspeed_moe\.experts\.deepspeed
 _GROUP = re.compile(r"ep_size_(\d+)")
 
 
-def expert_renamer(main: dict, expert_files: dict[str, int], optimizer_groups: list[dict], dp_size: int,
+def expert_renamer(main: dict, expert_files: dict[str, int], param_groups: list[dict], dp_size: int,
                    where: Path) -> Callable[[int, int, str], str] | None:
     """rename(data rank, group index, local name) -> global name, or None for a model without experts.
     `expert_files`: {a parameter prefix ("moe.deepspeed_moe.experts.deepspeed_experts."): its MoE layer id}."""
@@ -31,7 +31,7 @@ def expert_renamer(main: dict, expert_files: dict[str, int], optimizer_groups: l
     if not isinstance(num_experts, list) or not all(isinstance(n, int) and n > 0 for n in num_experts):
         raise CheckpointLoadError(f"{where}: 'num_experts' is {num_experts!r}, not a list of expert counts")
     sizes: dict[int, int] = {}
-    for index, group in enumerate(optimizer_groups):
+    for index, group in enumerate(param_groups):
         if group.get("moe"):
             match = _GROUP.fullmatch(str(group.get("name", "")))
             if match is None:

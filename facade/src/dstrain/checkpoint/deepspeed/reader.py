@@ -66,7 +66,7 @@ def read_deepspeed(directory: str | Path) -> WholeCheckpoint:
         lr_scheduler=main.get("lr_scheduler") if isinstance(main.get("lr_scheduler"), dict) else None,
         client_state={k: v for k, v in main.items() if k not in DEEPSPEED_KEYS},
         progress=_progress(main, main_path), loss_scaler=loss_scaler_state(first_optim),
-        optimizer_groups=_group_settings(first_optim), source="deepspeed", path=str(path))
+        param_groups=_group_settings(first_optim), source="deepspeed", path=str(path))
 
 
 def _stage_states(files: DeepSpeedFiles, main: dict, stage_main: dict, stage: int, module: dict[str, torch.Tensor],
@@ -225,7 +225,7 @@ def _progress(main: dict, path: Path) -> dict[str, int]:
 
 def loss_scaler_state(optimizer_state: dict) -> dict[str, Any] | None:
     """DeepSpeed's loss scaler (a LossScaler / DynamicLossScaler record, or the fp16 optimizer's own fields)
-    as dszero's scaler state: scale, hysteresis_left, steps, last_overflow_step."""
+    as dszero's scaler state: scale, hysteresis_left, steps, last_overflow_step; None for a static scale of 1."""
     record = optimizer_state.get("loss_scaler") if isinstance(optimizer_state, dict) else None
     if isinstance(record, dict) and RECORD_CLASS_KEY in record:
         fields = record
@@ -233,6 +233,10 @@ def loss_scaler_state(optimizer_state: dict) -> dict[str, Any] | None:
         fields = optimizer_state
     else:
         return None
+    dynamic = bool(fields.get("dynamic")) or "cur_iter" in fields or "DynamicLossScaler" in str(
+        fields.get(RECORD_CLASS_KEY, ""))
+    if not dynamic and float(fields.get("cur_scale", 1.0)) == 1.0:
+        return None  # bf16 and fp32 runs keep a static scale of 1: nothing to restore, whatever this run scales by
     state: dict[str, Any] = {"scale": float(fields.get("cur_scale", 1.0))}
     if "cur_hysteresis" in fields:
         state["hysteresis_left"] = int(fields["cur_hysteresis"])

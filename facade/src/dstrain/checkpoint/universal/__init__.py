@@ -3,5 +3,4 @@
     layout.py        the folder's names, and how to tell one
     reader.py        read_universal(tag_dir): a universal folder as a WholeCheckpoint
     writer.py        write_universal(whole, out): a WholeCheckpoint as a universal folder
-    from_dstrain.py  a dstrain checkpoint read whole for the conversion (stand-in until the seam's reader)
 """

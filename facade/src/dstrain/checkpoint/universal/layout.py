@@ -16,6 +16,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ...errors import CheckpointLoadError
+from ..paths import MAX_TAG_LENGTH, TAG_RULE, tag_problem
+
 ZERO = "zero"
 OPTIMIZER_STATE = "optimizer_state.pt"
 PARAM = "param"  # the tensor's key inside each parameter file
@@ -42,3 +45,20 @@ def check_parameter_name(name: str) -> str:
     if not name or name in (".", "..") or any(c in name for c in ("/", "\\", "\0")):
         raise ValueError(f"parameter name {name!r} cannot be a folder name of a universal checkpoint")
     return name
+
+
+def read_latest_universal(root: Path) -> str | None:
+    """The tag `root/latest_universal` names (DeepSpeed's ds_to_universal writes it), or None without one;
+    read as the untrusted file it is, like `latest`."""
+    path = root / LATEST_UNIVERSAL
+    if not path.is_file():
+        return None
+    raw = path.read_bytes()[: MAX_TAG_LENGTH + 64]
+    try:
+        tag = raw.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise CheckpointLoadError(f"{path} is not UTF-8 text; it should hold one checkpoint tag") from None
+    problem = tag_problem(tag)
+    if problem is not None:
+        raise CheckpointLoadError(f"{path} names {tag!r}, which {problem}; {TAG_RULE}")
+    return tag

@@ -46,7 +46,7 @@ def read_universal(directory: str | Path) -> WholeCheckpoint:
     groups = optimizer.get("param_groups") or (optimizer.get("optimizer_state_dict") or {}).get("param_groups") or []
     return WholeCheckpoint(
         module=module, parameters=parameters, scalars=scalars,
-        optimizer_groups=[{k: v for k, v in g.items() if k != "params"} for g in groups if isinstance(g, dict)],
+        param_groups=[{k: v for k, v in g.items() if k != "params"} for g in groups if isinstance(g, dict)],
         lr_scheduler=main.get("lr_scheduler") if isinstance(main.get("lr_scheduler"), dict) else None,
         client_state={k: v for k, v in main.items() if k not in DEEPSPEED_KEYS},
         progress=progress, loss_scaler=loss_scaler_state(optimizer), source="universal", path=str(path))

@@ -95,7 +95,7 @@ def _compact(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _optimizer_state(whole: WholeCheckpoint) -> dict[str, Any]:
-    groups = [dict(g) for g in whole.optimizer_groups] or [{}]
+    groups = [dict(g) for g in whole.param_groups] or [{}]
     state = {0: {"step": torch.tensor(float(whole.scalars["step"]))}} if "step" in whole.scalars else {}
     return {"param_groups": groups, "optimizer_state_dict": {"state": state, "param_groups": groups},
             "ds_version": DS_FORMAT_VERSION}
