@@ -73,15 +73,18 @@ def test_deepspeeds_universal_folder_loads_at_another_layout(world, stage, tp):
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(deepspeed_losses("universal")), rtol=1e-5, atol=0)
 
 
-def save_and_continue(rank, world, directory):
-    engine, *_ = dstrain.initialize(model=im.make_lm(), config=run_config(1, world, universal=False))
-    train(engine, rank, world, 0, im.STEPS_BEFORE_SAVE)
+def save_and_continue(rank, world, directory, tp):
+    dp = world // tp
+    engine, *_ = dstrain.initialize(model=im.make_lm(), config=run_config(1, dp, tp, universal=False))
+    train(engine, rank // tp, dp, 0, im.STEPS_BEFORE_SAVE)
     engine.save_checkpoint(directory, client_state={"note": "dstrain"})
-    return train(engine, rank, world, im.STEPS_BEFORE_SAVE, im.STEPS_AFTER_SAVE)
+    return train(engine, rank // tp, dp, im.STEPS_BEFORE_SAVE, im.STEPS_AFTER_SAVE)
 
 
-def test_dstrain_to_universal_to_dstrain_at_another_size_equals_an_uninterrupted_run(tmp_path):
-    uninterrupted = run_ranks(save_and_continue, 2, str(tmp_path / "ckpt"), timeout=180)[0]
+@pytest.mark.parametrize("tp", [1, 2])
+def test_dstrain_to_universal_to_dstrain_at_another_size_equals_an_uninterrupted_run(tmp_path, tp):
+    """Saved at 2 data-parallel ranks (or 2 tensor ranks), converted, loaded at 1 rank at ZeRO-3."""
+    uninterrupted = run_ranks(save_and_continue, 2, str(tmp_path / "ckpt"), tp, timeout=180)[0]
     out = tmp_path / "ckpt" / "global_step3_universal"
     run = subprocess.run([sys.executable, "-m", "dstrain.checkpoint.ds_to_universal", "--input_folder",
                           str(tmp_path / "ckpt" / "global_step3"), "--output_folder", str(out)],

@@ -1,6 +1,6 @@
 """`deepspeed.utils.zero_to_fp32`: consolidate a ZeRO checkpoint into one fp32 state dict, from dstrain's
-checkpoints (dszero's shards) and from DeepSpeed's own (its `zero_pp_rank_*` files, read through the
-restricted unpickler).
+checkpoints of any layout (read whole), from DeepSpeed's own (its `zero_pp_rank_*` files, read through the
+restricted unpickler) and from a bare dszero checkpoint directory.
 
     python -m dstrain.utils.zero_to_fp32 CHECKPOINT_DIR OUTPUT.safetensors [--tag TAG]
 """
@@ -22,7 +22,9 @@ from dszero import get_fp32_state_dict_from_zero_checkpoint as _dszero_fp32
 from ...checkpoint.contents import MASTER
 from ...checkpoint.deepspeed.files import is_deepspeed_directory
 from ...checkpoint.deepspeed.reader import read_deepspeed
+from ...checkpoint.files import COMMON_FILE
 from ...checkpoint.paths import read_latest, tag_directory
+from ...checkpoint.whole import read_whole
 from ...errors import CheckpointLoadError, DstrainError
 
 
@@ -34,12 +36,12 @@ def _tag_dir(root: Path, tag: str | None) -> Path:
 
 def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir: str | os.PathLike, tag: str | None = None,
                                              exclude_frozen_parameters: bool = False) -> dict[str, torch.Tensor]:
-    """{name: fp32 tensor}: every trained parameter's fp32 master weights, whole. For DeepSpeed's checkpoints,
-    as DeepSpeed's own script does, also the module's other entries (frozen parameters, buffers) in fp32,
-    unless exclude_frozen_parameters (then the trained parameters only); `checkpoint_dir` is the directory
-    with `latest` (or `tag`'s directory itself)."""
+    """{name: fp32 tensor}: every trained parameter's fp32 master weights, whole. `checkpoint_dir` is the
+    directory with `latest` (or `tag`'s directory itself) of a dstrain checkpoint of any layout, or of
+    DeepSpeed's (then, as DeepSpeed's own script does, also the module's other entries, frozen parameters
+    and buffers, in fp32, unless exclude_frozen_parameters), or a bare dszero checkpoint directory."""
     root = Path(os.fspath(checkpoint_dir))
-    directory = root if is_deepspeed_directory(root) else _tag_dir(root, tag)
+    directory = _checkpoint_directory(root, tag)
     if is_deepspeed_directory(directory):
         whole = read_deepspeed(directory)
         state: dict[str, Any] = {name: entry[MASTER] for name, entry in whole.parameters.items()}
@@ -48,17 +50,22 @@ def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir: str | os.PathLike, 
                 if name not in state:
                     state[name] = value.float() if value.is_floating_point() else value
         return state
-    if (directory / "zero").is_dir() and not (directory / "zero_meta.json").is_file():
-        directory = directory / "zero"  # a dstrain checkpoint keeps its ZeRO shards under <tag>/zero
-    return _dszero_fp32(directory)
+    if (directory / COMMON_FILE).is_file():
+        return {name: entry[MASTER] for name, entry in read_whole(directory).parameters.items()}
+    return _dszero_fp32(checkpoint_dir, tag)
+
+
+def _checkpoint_directory(root: Path, tag: str | None) -> Path:
+    if is_deepspeed_directory(root) or (root / COMMON_FILE).is_file():
+        return root
+    return _tag_dir(root, tag)
 
 
 def convert_zero_checkpoint_to_fp32_state_dict(checkpoint_dir: str | os.PathLike, output_file: str | os.PathLike,
                                                tag: str | None = None, exclude_frozen_parameters: bool = False) -> Path:
     """Write the consolidated fp32 weights as one safetensors file (a directory gets model.safetensors)."""
-    root = Path(os.fspath(checkpoint_dir))
-    directory = root if is_deepspeed_directory(root) else _tag_dir(root, tag)
-    if not is_deepspeed_directory(directory):
+    directory = _checkpoint_directory(Path(os.fspath(checkpoint_dir)), tag)
+    if not (is_deepspeed_directory(directory) or (directory / COMMON_FILE).is_file()):
         return _dszero_convert(checkpoint_dir, output_file, tag)
     state = get_fp32_state_dict_from_zero_checkpoint(directory, exclude_frozen_parameters=exclude_frozen_parameters)
     output = Path(output_file)
