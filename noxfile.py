@@ -30,7 +30,8 @@ LAYERS: dict[str, set[str]] = {
     "dsmoe": {"dsconfig", "dscomm"},
     "dstp": {"dsconfig", "dscomm"},
     "dsdata": {"dsconfig", "dscomm"},
-    "dstrain": {"dsconfig", "dscomm", "dsaio", "dsmonitor", "dszero", "dspipe", "dsmoe", "dstp", "dsdata"},
+    "dsseq": {"dsconfig", "dscomm"},
+    "dstrain": {"dsconfig", "dscomm", "dsaio", "dsmonitor", "dszero", "dspipe", "dsmoe", "dstp", "dsdata", "dsseq"},
 }
 
 # A library tested a second time with another extra: session name -> (library, extra, modules that
@@ -39,7 +40,10 @@ VARIANTS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "dsaio-notorch": ("dsaio", "test-notorch", ("torch",)),  # dsaio is installed alone, without torch
 }
 
-nox.options.sessions = [*LAYERS, *VARIANTS, "dstrain-spine", "gpu-check-dry-run", "lint"]
+# Not a layer: the opt-in package that makes an environment's `deepspeed` dstrain (never in requirements.txt).
+COMPAT = ROOT / "deepspeed-compat"
+
+nox.options.sessions = [*LAYERS, *VARIANTS, "dstrain-spine", "gpu-check-dry-run", "deepspeed-compat", "lint"]
 nox.options.reuse_existing_virtualenvs = False
 nox.options.error_on_missing_interpreters = True
 
@@ -103,7 +107,7 @@ for _name, (_lib, _extra, _absent) in VARIANTS.items():
 
 @nox.session(name="dstrain-spine")
 def dstrain_spine(session: nox.Session) -> None:
-    """The facade with its required libraries only (no extras: no dspipe, dsmoe, dstp, dsdata): it
+    """The facade with its required libraries only (no extras: no dspipe, dsmoe, dstp, dsdata, dsseq): it
     trains, and refuses what needs a missing library by name (facade/tests_spine)."""
     spine = _closure("dstrain", optional=False)
     middle_row = tuple(lib for lib in _closure("dstrain") if lib not in spine)
@@ -127,6 +131,15 @@ def gpu_check_dry_run(session: nox.Session) -> None:
                 env={"PYTHON": str(Path(session.bin) / "python")}, external=True)
 
 
+@nox.session(name="deepspeed-compat")
+def deepspeed_compat(session: nox.Session) -> None:
+    """dstrain-deepspeed-compat over the facade and every library: `import deepspeed`, its metadata and commands,
+    and Hugging Face Transformers / Accelerate / DeepSpeed-Chat runs on dstrain (deepspeed-compat/tests)."""
+    local = [str(_project_dir(dep)) for dep in _closure("dstrain")]
+    session.install("-c", CONSTRAINTS, *local, str(_project_dir("dstrain")), f"{COMPAT}[test]")
+    session.run("pytest", str(COMPAT / "tests"), *session.posargs)
+
+
 @nox.session
 def lint(session: nox.Session) -> None:
     """ruff, then the layering: declared sibling dependencies and actual imports."""
@@ -145,6 +158,9 @@ def lint(session: nox.Session) -> None:
     listed = (ROOT / "requirements.txt").read_text()
     bad += [f"requirements.txt (the quick start's install) does not list {_project_dir(lib).relative_to(ROOT)}"
             for lib in LAYERS if f"./{_project_dir(lib).relative_to(ROOT)}" not in listed]
+    if COMPAT.name in listed:
+        bad.append(f"requirements.txt installs {COMPAT.name}, which changes `import deepspeed` for the whole "
+                   f"environment: it is installed only by choice")
     if bad:
         session.error("\n".join(bad))
     shared_check = ROOT.parent / "shared" / "tools" / "check_layers.py"  # the team's copy, with extra rules

@@ -202,7 +202,7 @@ def test_checkpoint_reloads_at_another_autoep_size_and_16bit_model_loads_into_th
 
 def refusals(rank, world):
     found = {}
-    for name, cfg in (("stage3", config(2, 3)), ("size", config(3, 1)), ("no_moe", config(1, 1))):
+    for name, cfg in (("size", config(3, 1)), ("no_moe", config(1, 1))):
         model = torch.nn.Linear(4, 4) if name == "no_moe" else M.build("mixtral")
         try:
             dstrain.initialize(model=model, config=cfg)
@@ -214,6 +214,5 @@ def refusals(rank, world):
 
 def test_what_autoep_cannot_do_is_refused_naming_the_key():
     found = run_ranks(refusals, WORLD, timeout=120)[0]
-    assert "zero_optimization.stage" in found["stage3"] and "stage 1 or 2" in found["stage3"], found
     assert "expert_parallel.autoep_size" in found["size"], found
     assert "expert_parallel" in found["no_moe"] and "no module matches" in found["no_moe"], found

@@ -159,6 +159,9 @@ KEYS: dict[str, tuple] = {
     "aio.use_gds": refused({"aio": {"use_gds": True}}),
     # ---- tensor parallelism (dstp)
     "tensor_parallel.autotp_size": obs(f"{FACADE}/test_tp_engine.py::test_tp2_x_dp2_with_zero_equals_one_process"),
+    # ---- sequence parallelism (dsseq)
+    "sequence_parallel_size": obs(f"{FACADE}/test_sequence_parallel.py::test_sp2_by_dp2_trains_as_one_rank_on_the_whole_sequence"),
+    "seq_parallel_communication_data_type": obs(f"{FACADE}/test_sequence_parallel.py::test_gradients_go_over_the_wire_in_the_sequence_parallel_dtype"),
     "tensor_parallel.preset_model": obs("libs/dstp/tests/test_plan.py::test_the_llama_preset_splits_attention_and_mlp_and_reports_what_no_rule_matched"),
     "tensor_parallel.tp_overlap_comm": obs("libs/dstp/tests/test_equivalence.py::test_overlap_on_equals_off_and_vocab_parallel_loss_equals_the_gathered_loss"),
     "tensor_parallel.vocab_parallel_lm_head": obs("libs/dstp/tests/test_plan.py::test_vocab_parallel_head_splits_an_untied_head_and_keeps_a_tied_one_whole"),
@@ -335,7 +338,6 @@ _KNOWN_VALUES = {"fp16.opt_level": "O2", "compile.backend": "inductor", "compile
                  "compression_training": {"weight_quantization": {}}, "amp": {"enabled": True},
                  "quantize_training": {"enabled": True}, "eigenvalue": {"enabled": True},
                  "progressive_layer_drop": {"enabled": True}, "dynamic_train": {"enabled": True},
-                 "sequence_parallel_size": 2, "seq_parallel_communication_data_type": "bf16",
                  "nebula": {"enabled": True}, "weight_quantization": {"post_training_quantization": {}},
                  "zero_optimization.mics_shard_size": 2, "zero_optimization.zenflow": {"topk_ratio": 0.1},
                  "zero_optimization.stage3_model_persistence_threshold": 1000,

@@ -59,7 +59,7 @@ def test_features_dstrain_never_provides_stay_refused_whatever_is_declared():
 def test_every_gated_feature_is_off_by_default_and_on_by_its_key():
     off = dsconfig.load({"train_batch_size": 4}, world_size=1)
     assert not any(feature.is_on(off) for feature in GATED_FEATURES)
-    on = {"pipeline": {"stages": 2}, "tensor_parallel": {"autotp_size": 2},
+    on = {"pipeline": {"stages": 2}, "tensor_parallel": {"autotp_size": 2}, "sequence_parallel_size": 2,
           "expert_parallel": {"enabled": True, "autoep_size": 1}, "data_efficiency": {"enabled": True},
           "curriculum_learning": {"enabled": True, "min_difficulty": 8, "max_difficulty": 64,
                                   "schedule_type": "fixed_discrete",
@@ -93,6 +93,7 @@ UNPROVIDED_CASES = [(extra, key, library) for extra, key, library in [
     ({"pipeline": {"stages": 2}}, "pipeline.stages", "dspipe"),
     ({"expert_parallel": {"enabled": True, "autoep_size": 1}}, "expert_parallel.enabled", "dsmoe"),
     ({"data_efficiency": {"enabled": True}}, "data_efficiency.enabled", "dsdata"),
+    ({"sequence_parallel_size": 2}, "sequence_parallel_size", "dsseq"),
 ] if next(f for f in GATED_FEATURES if f.key == key).name not in provided_features()]
 
 

@@ -1,4 +1,4 @@
-"""The facade installed without the middle-row libraries (dspipe, dsmoe, dstp, dsdata: its extras) trains,
+"""The facade installed without the middle-row libraries (dspipe, dsmoe, dstp, dsdata, dsseq: its extras) trains,
 and refuses what needs them by name. `nox -s dstrain-spine` runs this file in such an environment; in
 one that has them (the dev venv) it skips."""
 
@@ -13,7 +13,7 @@ from torch import nn
 import dstrain
 from dscomm.testing import run_ranks
 
-MIDDLE_ROW = {"dspipe": "pipe", "dsmoe": "moe", "dstp": "tp", "dsdata": "data"}  # library -> dstrain's extra
+MIDDLE_ROW = {"dspipe": "pipe", "dsmoe": "moe", "dstp": "tp", "dsdata": "data", "dsseq": "seq"}  # library -> extra
 PRESENT = [lib for lib in MIDDLE_ROW if importlib.util.find_spec(lib) is not None]
 if PRESENT and not os.environ.get("DSTRAIN_SPINE"):  # the nox session sets it: there, presence is a failure
     pytest.skip(f"{', '.join(PRESENT)} installed here; `nox -s dstrain-spine` runs this without them",
@@ -23,7 +23,8 @@ if PRESENT and not os.environ.get("DSTRAIN_SPINE"):  # the nox session sets it: 
 FEATURE_KEYS = [({"pipeline": {"stages": 2}}, "pipeline.stages", "dspipe"),
                 ({"tensor_parallel": {"autotp_size": 2}}, "tensor_parallel.autotp_size", "dstp"),
                 ({"expert_parallel": {"enabled": True, "autoep_size": 1}}, "expert_parallel.enabled", "dsmoe"),
-                ({"data_efficiency": {"enabled": True}}, "data_efficiency.enabled", "dsdata")]
+                ({"data_efficiency": {"enabled": True}}, "data_efficiency.enabled", "dsdata"),
+                ({"sequence_parallel_size": 2}, "sequence_parallel_size", "dsseq")]
 
 
 def _model() -> nn.Module:
@@ -84,7 +85,9 @@ def test_zero2_trains_checkpoints_and_refuses_middle_row_keys_at_two_ranks(tmp_p
 
 
 @pytest.mark.parametrize(("module", "library"), [("dstrain.pipe", "dspipe"), ("dstrain.moe", "dsmoe"),
-                                                 ("dstrain.moe.layer", "dsmoe"), ("dstrain.runtime.domino", "dstp")])
+                                                 ("dstrain.moe.layer", "dsmoe"), ("dstrain.runtime.domino", "dstp"),
+                                                 ("dstrain.sequence.layer", "dsseq"),
+                                                 ("dstrain.runtime.sequence_parallel.ulysses_sp", "dsseq")])
 def test_public_modules_of_a_missing_library_name_its_install(module, library):
     with pytest.raises(ImportError) as caught:
         importlib.import_module(module)

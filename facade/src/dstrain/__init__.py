@@ -65,7 +65,12 @@ _LAZY = {  # public name -> (module, attribute); attribute None means the module
 
 def __getattr__(name: str):
     if name not in _LAZY:
-        raise AttributeError(f"module 'dstrain' has no attribute {name!r}")
+        if name.startswith("__"):
+            raise AttributeError(f"module 'dstrain' has no attribute {name!r}")  # a probe (copy, pickle, ...)
+        from .compat.callers import missing
+
+        # Named for whoever asked through `import deepspeed` (transformers, Accelerate, an application).
+        raise AttributeError(f"module 'dstrain' has no attribute {name!r}: {missing(f'deepspeed.{name}')}")
     module_name, attribute = _LAZY[name]
     module = importlib.import_module(f".{module_name}", __name__)
     value = module if attribute is None else getattr(module, attribute)

@@ -17,15 +17,15 @@ import os
 import sys
 import warnings
 
-from .compat.alias import MAPPED_PATHS, TableFinder, deepspeed_finder
+from .compat.alias import MAPPED_PATHS, deepspeed_finder
 
 SHADOW_ENV = "DSTRAIN_SHADOW_DEEPSPEED"
 __all__ = ["MAPPED_PATHS", "SHADOW_ENV", "install", "installed", "real_deepspeed_installed"]
 
 
 def installed() -> bool:
-    """Whether this process already serves `deepspeed` from dstrain."""
-    return any(isinstance(finder, TableFinder) and finder.root == "deepspeed" for finder in sys.meta_path)
+    """Whether this process already serves `deepspeed` from dstrain (this hook, or dstrain-deepspeed-compat's)."""
+    return any(getattr(finder, "root", None) == "deepspeed" for finder in sys.meta_path)
 
 
 def real_deepspeed_installed() -> bool:

@@ -11,6 +11,7 @@ from dsconfig import ConfigError, Problem
 
 from .engine.deepspeed_engine import DeepSpeedEngine
 from .errors import DstrainError
+from .wiring import dsseq as wiring_dsseq
 from .wiring.compose import compose
 from .wiring.config_source import load_config, pick_source
 from .wiring.dspipe import is_pipeline_module, pipeline_degree
@@ -32,8 +33,10 @@ def initialize(args: Any = None, model: torch.nn.Module | None = None, optimizer
     The config comes from `config` (a path, a dict or a base64 string), `config_params`, or
     `args.deepspeed_config`. Unknown config keys warn (strict_config=True makes them errors);
     a key that turns on a feature dstrain lacks is always an error. The run's layout (ParallelDims)
-    is built from the config once, registered for dscomm.groups' getters, and its data group is
-    where ZeRO partitions and reduces. A dspipe PipelineModule gets a PipelineEngine, its stages the pipe axis.
+    is built from the config once, registered for dscomm.groups' getters, and its data group (sequence x
+    data with sequence_parallel_size) is where ZeRO partitions and reduces. A dspipe PipelineModule gets a
+    PipelineEngine, its stages the pipe axis. `mpu`: a Megatron-style tensor-parallel one, or the groups of
+    UlyssesSPAttentionHF.register_with_transformers (reused as the run's layout).
     """
     if model is None:
         raise TypeError("initialize() needs model=<your torch.nn.Module>")
@@ -43,16 +46,25 @@ def initialize(args: Any = None, model: torch.nn.Module | None = None, optimizer
     _start_distributed(distributed_port, dist_init_required)
     world = dscomm.get_world_size()
     source = pick_source(args, config, config_params)
-    # The batch triple resolves at the data-parallel size: the world over pipe x tensor (an mpu's, if given).
+    # The batch triple resolves at the data-parallel size: the world over pipe x tensor x sequence (an mpu's,
+    # if given).
     degrees = requested_degrees(source)
     degrees["pipeline.stages"] = pipeline_degree(model, degrees)  # a PipelineModule's own stages
-    if mpu is not None:
+    sequence_mpu = mpu is not None and wiring_dsseq.is_sequence_mpu(mpu)
+    if sequence_mpu:
+        degrees["sequence_parallel_size"] = wiring_dsseq.mpu_sequence_size(mpu, degrees.get("sequence_parallel_size", 1))
+    if mpu is not None and (not sequence_mpu or callable(getattr(mpu, "get_tensor_model_parallel_world_size", None))):
+        # (a sequence mpu's tensor size only where it has one of its own: parallel_state_sp's "model parallel" is
+        # its sequence group)
         degrees["tensor_parallel.autotp_size"] = mpu_tensor_size(mpu, degrees.get("tensor_parallel.autotp_size", 1))
     cfg, raw = load_config(source, data_parallel_size(degrees, world), strict=strict_config)
+    cfg = wiring_dsseq.with_sequence_settings(cfg, degrees.get("sequence_parallel_size", 1))
     check_features(cfg, raw)
     # The degrees read above (the config's, a PipelineModule's stages, an mpu's size) lay out the run.
-    groups = parallel_dims(degrees, world, engine_runs_pipe=is_pipeline_module(model)).build()  # collective
-    if mpu is not None:
+    dims = parallel_dims(degrees, world, engine_runs_pipe=is_pipeline_module(model))
+    wiring_dsseq.check_composition(cfg, model)
+    groups = wiring_dsseq.groups_for(dims, mpu if sequence_mpu else None)  # collective
+    if mpu is not None and not sequence_mpu:
         check_mpu(mpu, groups)
     dscomm.groups.use(groups)
     composed = compose(model, cfg, groups, model_parameters)  # every parallelism, in its one order
@@ -63,7 +75,8 @@ def initialize(args: Any = None, model: torch.nn.Module | None = None, optimizer
     engine_type = _pipeline_engine() if is_pipeline_module(composed.model) else DeepSpeedEngine
     engine = engine_type(model=composed.model, config=cfg, optimizer=optimizer,
                              model_parameters=composed.model_parameters, training_data=training_data,
-                             lr_scheduler=lr_scheduler, collate_fn=collate_fn, data_parallel_group=groups.data,
+                             lr_scheduler=lr_scheduler, collate_fn=collate_fn,
+                             data_parallel_group=wiring_dsseq.zero_group(groups),
                              groups=groups, step_hooks=composed.step_hooks)
     return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler
 

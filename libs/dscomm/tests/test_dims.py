@@ -11,33 +11,38 @@ def layouts(max_world=16):
     for world in range(1, max_world + 1):
         for pipe in range(1, world + 1):
             for tensor in range(1, world // pipe + 1):
-                if world % (pipe * tensor):
-                    continue
-                data = world // (pipe * tensor)
-                for expert in range(1, data + 1):
-                    if data % expert == 0:
-                        yield ParallelDims(world, pipe=pipe, tensor=tensor, expert=expert)
+                for sequence in range(1, world // (pipe * tensor) + 1):
+                    if world % (pipe * tensor * sequence):
+                        continue
+                    data = world // (pipe * tensor * sequence)
+                    for expert in range(1, data + 1):
+                        if data % expert == 0:
+                            yield ParallelDims(world, pipe=pipe, tensor=tensor, expert=expert, sequence=sequence)
 
 
 LAYOUTS = list(layouts())
 
 
 def test_every_layout_of_up_to_16_ranks_is_covered():
-    assert len(LAYOUTS) == len({dataclasses.astuple(d) for d in LAYOUTS}) > 150
+    assert len(LAYOUTS) == len({dataclasses.astuple(d) for d in LAYOUTS}) > 300
     assert ParallelDims(12, pipe=2, tensor=3, expert=2) in LAYOUTS
+    assert ParallelDims(16, pipe=2, tensor=2, sequence=2, expert=2) in LAYOUTS
 
 
 def expected_members(dims, name, rank):
     """The group `name` of `rank` from its definition in coordinates, independent of ranks_of."""
     me = dims.coords(rank)
     same = {
-        "data": lambda c: (c.pipe, c.tensor) == (me.pipe, me.tensor),
-        "pipe": lambda c: (c.data, c.tensor) == (me.data, me.tensor),
-        "tensor": lambda c: (c.pipe, c.data) == (me.pipe, me.data),
-        "expert": lambda c: (c.pipe, c.tensor, c.data // dims.expert) == (me.pipe, me.tensor, me.data // dims.expert),
-        "expert_data": lambda c: (c.pipe, c.tensor, c.data % dims.expert) == (me.pipe, me.tensor,
-                                                                              me.data % dims.expert),
-        "model": lambda c: c.data == me.data,
+        "data": lambda c: (c.pipe, c.tensor, c.sequence) == (me.pipe, me.tensor, me.sequence),
+        "pipe": lambda c: (c.data, c.tensor, c.sequence) == (me.data, me.tensor, me.sequence),
+        "tensor": lambda c: (c.pipe, c.data, c.sequence) == (me.pipe, me.data, me.sequence),
+        "sequence": lambda c: (c.pipe, c.data, c.tensor) == (me.pipe, me.data, me.tensor),
+        "sequence_data": lambda c: (c.pipe, c.tensor) == (me.pipe, me.tensor),
+        "expert": lambda c: (c.pipe, c.tensor, c.sequence, c.data // dims.expert) == (
+            me.pipe, me.tensor, me.sequence, me.data // dims.expert),
+        "expert_data": lambda c: (c.pipe, c.tensor, c.sequence, c.data % dims.expert) == (
+            me.pipe, me.tensor, me.sequence, me.data % dims.expert),
+        "model": lambda c: (c.data, c.sequence) == (me.data, me.sequence),
         "norm": lambda c: True,
         "world": lambda c: True,
     }[name]
@@ -47,13 +52,15 @@ def expected_members(dims, name, rank):
 @pytest.mark.parametrize("dims", LAYOUTS, ids=str)
 def test_layout(dims):
     world = dims.world_size
-    assert dims.pipe * dims.tensor * dims.data == world
-    for rank in range(world):  # tensor fastest, then data, then pipe; rank and coords are inverse
+    assert dims.pipe * dims.tensor * dims.sequence * dims.data == world
+    for rank in range(world):  # tensor fastest, then sequence, then data, then pipe; rank and coords are inverse
         coord = dims.coords(rank)
-        assert rank == (coord.pipe * dims.data + coord.data) * dims.tensor + coord.tensor
-        assert dims.rank(pipe=coord.pipe, data=coord.data, tensor=coord.tensor) == rank
+        assert rank == ((coord.pipe * dims.data + coord.data) * dims.sequence + coord.sequence) * dims.tensor \
+            + coord.tensor
+        assert dims.rank(pipe=coord.pipe, data=coord.data, tensor=coord.tensor, sequence=coord.sequence) == rank
     sizes = {"data": dims.data, "pipe": dims.pipe, "tensor": dims.tensor, "expert": dims.expert,
-             "expert_data": dims.data // dims.expert, "model": dims.pipe * dims.tensor, "norm": world, "world": world}
+             "expert_data": dims.data // dims.expert, "model": dims.pipe * dims.tensor, "norm": world, "world": world,
+             "sequence": dims.sequence, "sequence_data": dims.sequence * dims.data}
     for name in GROUP_NAMES:
         parts = dims.partition(name)
         assert sorted(r for part in parts for r in part) == list(range(world)), name  # a partition of the world
@@ -64,6 +71,7 @@ def test_layout(dims):
     for rank in range(world):
         coord, topo = dims.coords(rank), topology.get_coord(rank)
         assert (coord.pipe, coord.data, coord.tensor) == (topo.pipe, topo.data, topo.model)
+        assert coord.sequence == getattr(topo, "sequence", 0)
     assert ParallelDims.from_topology(topology, expert=dims.expert) == dims
 
 
@@ -77,7 +85,7 @@ def test_pipeline_stages_and_loss_rank(dims):
         assert dims.is_first_stage(rank) == (coord.pipe == 0)
         assert dims.is_last_stage(rank) == (coord.pipe == dims.pipe - 1)
         loss = dims.coords(dims.loss_rank(rank))
-        assert (loss.pipe, loss.data, loss.tensor) == (dims.pipe - 1, coord.data, 0)
+        assert tuple(loss) == (dims.pipe - 1, coord.data, 0, coord.sequence)
         # following next_stage_rank from the first stage walks this rank's pipe group in order
         chain = [dims.ranks_of("pipe", rank)[0]]
         while dims.next_stage_rank(chain[-1]) is not None:
@@ -99,6 +107,23 @@ def test_pipe_2_tensor_2_data_2_expert_2_by_hand():
     assert [dims.loss_rank(r) for r in range(8)] == [4, 4, 6, 6, 4, 4, 6, 6]
     assert dims.stage_ranks(1) == [4, 5, 6, 7]
     assert str(dims) == "world 8 = pipe 2 x tensor 2 x data 2, expert 2"
+
+
+def test_sequence_ranks_are_neighbours_after_the_tensor_ranks():
+    # DeepSpeed's sequence-parallel groups are consecutive ranks; ZeRO's group spans data x sequence.
+    dims = ParallelDims(8, sequence=2)
+    assert dims.data == 4
+    assert dims.partition("sequence") == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert dims.partition("data") == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    assert dims.partition("sequence_data") == [list(range(8))]
+    dims = ParallelDims(8, tensor=2, sequence=2)
+    assert dims.partition("tensor") == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert dims.partition("sequence") == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert dims.partition("sequence_data") == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    assert dims.partition("model") == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert str(dims) == "world 8 = pipe 1 x tensor 2 x sequence 2 x data 2, expert 1"
+    assert ParallelDims(4).partition("sequence") == [[0], [1], [2], [3]]
+    assert ParallelDims(4).partition("sequence_data") == ParallelDims(4).partition("data")
 
 
 def test_expert_groups_split_each_data_group():
@@ -124,6 +149,10 @@ def test_frozen():
     ({"world_size": 4, "tensor": -2}, "tensor=-2"),
     ({"world_size": 4, "data": 0}, "data=0"),
     ({"world_size": 4, "expert": 0}, "expert=0"),
+    ({"world_size": 4, "sequence": 0}, "sequence=0"),
+    ({"world_size": 6, "sequence": 4}, "world 6 is not a multiple of pipe 1 x tensor 1 x sequence 4 = 4; pipe x tensor "
+                                       "x sequence must be one of: 1, 2, 3, 6"),
+    ({"world_size": 8, "sequence": 2, "data": 2}, "world 8 != pipe 1 x tensor 1 x sequence 2 x data 2 = 4"),
     ({"world_size": 4, "pipe": True}, "pipe=True"),
     ({"world_size": 4, "tensor": 2.0}, "tensor=2.0"),
     ({"world_size": "4"}, "world_size='4'"),

@@ -64,6 +64,35 @@ def test_pipe_2_by_tensor_2_by_data_2_with_expert_2_at_world_8():
     assert [r["model"]["ranks"] for r in results][:3] == [[0, 1, 4, 5], [0, 1, 4, 5], [2, 3, 6, 7]]
 
 
+def sequence_layout(rank, world):
+    built = ParallelDims(world, sequence=2).build()
+    groups.use(built)
+    report = {"mpu": (built.get_sequence_parallel_rank(), built.get_sequence_parallel_world_size(),
+                      built.get_sequence_parallel_group() is built.sequence,
+                      built.get_sequence_data_parallel_rank(), built.get_sequence_data_parallel_world_size(),
+                      built.get_sequence_data_parallel_group() is built.sequence_data),
+              # DeepSpeed's scripts call the underscored getters of deepspeed.utils.groups
+              "getters": (groups.get_group_ranks(groups._get_sequence_parallel_group()),
+                          groups._get_sequence_parallel_world_size(), groups._get_sequence_parallel_rank(),
+                          groups.get_group_ranks(groups._get_sequence_data_parallel_group()),
+                          groups._get_sequence_data_parallel_world_size(), groups._get_sequence_data_parallel_rank()),
+              "sequence_sum": member_sum(built.sequence, rank), "data_sum": member_sum(built.data, rank),
+              "topology": str(built.topology)}
+    return report
+
+
+def test_sequence_2_by_data_2_at_world_4():
+    dims = ParallelDims(4, sequence=2)
+    check(run_ranks(build_and_reduce, 4, {"sequence": 2}, timeout=90), dims)
+    results = run_ranks(sequence_layout, 4, timeout=90)
+    for rank, report in enumerate(results):
+        pair = [0, 1] if rank < 2 else [2, 3]
+        assert report["mpu"] == (rank % 2, 2, True, rank, 4, True)
+        assert report["getters"] == (pair, 2, rank % 2, [0, 1, 2, 3], 4, rank)
+        assert report["sequence_sum"] == pair and report["data_sum"] == [rank % 2, rank % 2 + 2]
+        assert report["topology"] == "ProcessTopology({'pipe': 1, 'data': 2, 'sequence': 2, 'model': 1})"
+
+
 def getters_follow_the_registry(rank, world):
     def answers():
         return {"data": (groups.get_group_ranks(groups.get_data_parallel_group()),
@@ -75,6 +104,8 @@ def getters_follow_the_registry(rank, world):
                 "expert2": (groups.get_group_ranks(groups.get_expert_parallel_group(2)),
                             groups.get_group_ranks(groups.get_expert_data_parallel_group(2)),
                             groups.get_expert_parallel_rank(2), groups.get_expert_data_parallel_world_size(2)),
+                "sequence": (groups.get_sequence_parallel_world_size(), groups.get_sequence_parallel_rank(),
+                             groups.get_group_ranks(groups.get_sequence_data_parallel_group())),
                 "data_sum": member_sum(groups.get_data_parallel_group(), rank),
                 "pipe_sum": member_sum(groups.get_pipeline_parallel_group(), rank),
                 "topology": str(groups.get_topology())}
@@ -100,6 +131,8 @@ def test_getters_answer_data_parallel_then_follow_each_registered_layout():
         unregistered = seen["unregistered"]
         assert unregistered["data"] == ([0, 1, 2, 3], 4, rank)
         assert unregistered["pipe"] == unregistered["tensor"] == ([rank], 1, 0)
+        assert unregistered["sequence"] == (1, 0, [0, 1, 2, 3])  # no sequence parallelism: ZeRO's group is data
+        assert seen["pipe2"]["sequence"] == (1, 0, seen["pipe2"]["data"][0])
         assert unregistered["data_sum"] == [0, 1, 2, 3] and unregistered["pipe_sum"] == [rank]
         assert unregistered["expert2"] == ([0, 1] if rank < 2 else [2, 3], [rank % 2, rank % 2 + 2], rank % 2, 2)
         assert unregistered["topology"] == "ProcessTopology({'data': 4})"

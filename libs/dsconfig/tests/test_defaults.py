@@ -102,6 +102,8 @@ REFERENCE_DEFAULTS = [
     ("expert_parallel.top_k_attr", None),
     ("expert_parallel.has_shared_experts", None),
     ("expert_parallel.shared_experts_pattern", None),
+    ("sequence_parallel_size", 1),
+    ("seq_parallel_communication_data_type", "fp32"),
     ("disable_python_gc", False),
     ("steps_per_print", 10),
     ("wall_clock_breakdown", False),

@@ -241,3 +241,20 @@ def test_importing_dsconfig_loads_no_torch():
 
     code = "import sys, dsconfig; assert 'torch' not in sys.modules and 'numpy' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_steps_per_print_inf_from_accelerate_means_never_and_is_the_only_infinity_taken():
+    # Accelerate's DeepSpeedPlugin silences DeepSpeed's progress line with steps_per_print = inf.
+    assert dsconfig.load({"train_batch_size": 2, "steps_per_print": float("inf")}).steps_per_print >= 2**62
+    error = refused({"train_batch_size": 2, "steps_per_print": float("-inf")})
+    assert error.paths == ["steps_per_print"]
+
+
+def test_accelerates_null_nvme_path_is_not_given():
+    raw = {"train_batch_size": 2, "zero_optimization": {"stage": 3, "offload_param": {"device": "none", "nvme_path": None},
+                                                        "offload_optimizer": {"device": "none", "nvme_path": None}}}
+    cfg = dsconfig.load(raw)
+    assert cfg.zero_optimization.offload_param.nvme_path == "/local_nvme"
+    assert raw["zero_optimization"]["offload_param"]["nvme_path"] is None  # the caller's dict is untouched
+    error = refused({"train_batch_size": 2, "zero_optimization": {"stage": 3, "offload_param": {"device": 5}}})
+    assert error.paths == ["zero_optimization.offload_param.device"]

@@ -69,12 +69,16 @@ BROKEN = [
     ("AutoEP load-balance coefficient", autoep(load_balance_coeff=0.001), "expert_parallel.load_balance_coeff"),
     ("AutoEP limited groups above groups", autoep(num_expert_groups=2, num_limited_groups=4),
      "expert_parallel.num_limited_groups"),
-    ("AutoEP with AutoTP", {**autoep(), "tensor_parallel": {"autotp_size": 2}}, "expert_parallel.enabled"),
+    ("AutoEP with AutoTP at ZeRO-3", {**autoep(), "tensor_parallel": {"autotp_size": 2},
+                                      "zero_optimization": {"stage": 3}}, "tensor_parallel.autotp_size"),
+    ("AutoEP at ZeRO-3 with hpZ", {**autoep(), "zero_optimization": {"stage": 3, "zero_hpz_partition_size": 2}},
+     "zero_optimization.zero_hpz_partition_size"),
     ("AutoEP custom layer pattern without router", autoep(preset_model=None, moe_layer_pattern="model\\.moe",
                                                           expert_pattern="experts"),
      "expert_parallel.router_pattern"),
     ("AutoEP with ZeRO-3 quantized gradients",
-     {**autoep(), "zero_optimization": {"stage": 3, "zero_quantized_gradients": True}}, "expert_parallel.enabled"),
+     {**autoep(), "zero_optimization": {"stage": 3, "zero_quantized_gradients": True}},
+     "zero_optimization.zero_quantized_gradients"),
     ("fixed_linear without total_curriculum_step", metric("fixed_linear", difficulty_step=8),
      f"{CURRICULUM}.schedule_config.total_curriculum_step"),
     ("fixed_root without root_degree", metric("fixed_root", total_curriculum_step=100, difficulty_step=8),
@@ -221,3 +225,15 @@ def test_zeropp_at_stage_3_loads_and_is_named_among_the_features():
     cfg = dsconfig.load({"zero_optimization": {"stage": 3, "zero_hpz_partition_size": 2, "zero_quantized_weights": True,
                                                "zero_quantized_gradients": True}}, world_size=4, strict=True)
     assert "ZeRO++ (hpZ, qwZ, qgZ)" in cfg.enabled_features()
+
+
+def test_autoep_beside_autotp_is_accepted_below_stage_3():
+    # beyond the reference: experts over the tensor ranks (autoep_size == autotp_size, even when it does not
+    # divide the data-parallel size) or over the data ranks; at stage 3 the reference's refusal holds
+    for autoep_size, data in ((2, 3), (3, 3)):
+        cfg = {**autoep(autoep_size=autoep_size), "tensor_parallel": {"autotp_size": 2},
+               "zero_optimization": {"stage": 2}}
+        dsconfig.load(cfg, world_size=data)
+    with pytest.raises(dsconfig.ConfigError) as info:
+        dsconfig.load({**autoep(autoep_size=2), "tensor_parallel": {"autotp_size": 4}}, world_size=3)
+    assert "expert_parallel.autoep_size" in info.value.paths and "tensor_parallel.autotp_size (4)" in str(info.value)

@@ -101,3 +101,46 @@ def test_autoep_sizes_equal_one_process():
             assert worst["grad"] < 1e-4 and worst["param"] < 1e-5, where
             first = (rank % ep) * per_rank
             assert ids == list(range(first, first + per_rank)) and shape[0] == per_rank, where
+
+
+def _replicated(rank, world, kind, score_apply):
+    """Ranks that hold the same tokens (a tensor-parallel group) split the experts without exchanging any:
+    each computes its experts' share of every token, the shares summed over the group. Every rank sees the
+    whole batch's loss and gradients, as one process holding every expert does."""
+    base = M.build(kind)
+    reference = copy.deepcopy(base)
+    autoep.apply(reference, ExpertParallelConfig(enabled=True, score_apply=score_apply), backend="loop")
+    group = dscomm.ParallelDims(world, expert=world).build().expert
+    model = copy.deepcopy(base)
+    autoep.apply(model, ExpertParallelConfig(enabled=True, autoep_size=world, score_apply=score_apply), group,
+                 backend="loop", replicated_tokens=True)
+    ref_opt, opt = torch.optim.SGD(reference.parameters(), lr=LR), torch.optim.SGD(model.parameters(), lr=LR)
+    worst = {"loss": 0.0, "grad": 0.0, "param": 0.0}
+    for step in range(STEPS):
+        batch = M.batch(100 * step)  # the same tokens on every rank
+        ref_loss = reference(**batch).loss
+        ref_loss.backward()
+        loss = model(**batch).loss
+        loss.backward()
+        worst["loss"] = max(worst["loss"], abs(loss.item() - ref_loss.item()) / abs(ref_loss.item()))
+        ref_params = dict(reference.named_parameters())
+        for name, param in model.named_parameters():  # no reduction: every rank's gradients are already whole
+            want = _slice(name, ref_params[name].grad, model)
+            worst["grad"] = max(worst["grad"], float((param.grad - want).abs().max() / (want.abs().max() + 1e-6)))
+        ref_opt.step()
+        opt.step()
+        ref_opt.zero_grad()
+        opt.zero_grad()
+    ref_params = dict(reference.named_parameters())
+    for name, param in model.named_parameters():
+        worst["param"] = max(worst["param"], float((param.detach() - _slice(name, ref_params[name], model)).abs().max()))
+    layer = autoep.autoep_layers(model)[0][1]
+    return worst, list(layer.local_experts.global_expert_ids()), layer.replicated_tokens
+
+
+@pytest.mark.parametrize(("kind", "score_apply"), [("mixtral", "post"), ("deepseek_v3", "pre")])
+def test_experts_over_ranks_holding_the_same_tokens_equal_one_process(kind, score_apply):
+    experts = 4 if kind == "mixtral" else 8
+    for rank, (worst, ids, replicated) in enumerate(run_ranks(_replicated, 2, kind, score_apply, timeout=240)):
+        assert replicated and ids == list(range(rank * experts // 2, (rank + 1) * experts // 2)), rank
+        assert worst["loss"] < 1e-5 and worst["grad"] < 1e-4 and worst["param"] < 1e-5, (kind, rank, worst)

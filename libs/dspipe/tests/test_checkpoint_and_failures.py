@@ -71,6 +71,34 @@ def test_weights_saved_at_2_stages_load_at_1_and_4(tmp_path):
     assert ["tied_modules.embed.weight" in params for params in loaded_at_4] == [True, False, False, True]
 
 
+def tensor_cut_rank(rank, world, directory, save):
+    """pipe 2 x tensor 2: each tensor rank holds its own values of its layers (as a tensor-parallel cut does)."""
+    dims = dscomm.ParallelDims(world, pipe=2, tensor=2)
+    dims.build()
+    module = pm.build(pm.mlp_layers(2), 2, "1f1b", dims=dims, seed_layers=False)
+    tensor = dims.coords(rank).tensor
+    if save:
+        with torch.no_grad():
+            for name, param in module.named_parameters():
+                param.fill_(10 * tensor + len(name))
+        module.save_state_dict(directory, TorchFiles())
+    else:
+        module.load_state_dir(directory, TorchFiles())
+    return tensor, {n: p.detach().clone() for n, p in module.named_parameters()}
+
+
+def test_each_tensor_rank_writes_and_reads_its_own_cut_of_a_layer(tmp_path):
+    saved = run_ranks(tensor_cut_rank, 4, tmp_path, True, timeout=120)
+    names = sorted(p.name for p in tmp_path.iterdir())
+    # DeepSpeed's names for a layout with a model axis: the tensor rank after the layer index
+    assert names == sorted(layer_file(tmp_path, layer, TorchFiles(), tensor).name
+                           for layer in (0, 2, 3) for tensor in range(2)), names  # layer 1 is a function
+    assert "layer_02-model_01-model_states.pt" in names
+    for (tensor, loaded), (_, want) in zip(run_ranks(tensor_cut_rank, 4, tmp_path, False, timeout=120), saved):
+        for name, value in loaded.items():
+            torch.testing.assert_close(value, want[name], rtol=0, atol=0, msg=f"tensor rank {tensor}: {name}")
+
+
 def test_a_missing_layer_file_names_the_layer_and_what_is_there(tmp_path):
     module = pm.build(pm.mlp_layers(2), None, "1f1b", dims=dscomm.ParallelDims(1))
     module.save_state_dict(tmp_path, TorchFiles())

@@ -213,3 +213,21 @@ def test_a_config_with_unequal_fused_sub_parameters_plans_whole_gqa_heads():
     assert build_plan([qkv], specs, 2, GQA).params[qkv.name].parts == (32, 16, 16)
     with pytest.raises(TensorParallelError, match="2 heads"):  # 2 key/value heads do not split over 4
         build_plan([qkv], specs, 4, GQA)
+
+
+def test_a_stage_plans_every_stages_parameters_and_placed_modules_stay_whole():
+    """plan_for(params=...) plans what it is given (a pipeline's every stage), and a rule the user wrote is
+    checked against all of them; keep_whole skips modules another parallelism places before any rule."""
+    from torch import nn
+
+    stage = nn.ModuleDict({"here": nn.ModuleDict({"mlp": nn.ModuleDict({"gate_proj": nn.Linear(32, 48, bias=False)})})})
+    elsewhere = [ParamInfo("other.mlp.down_proj.weight", (32, 48), "linear")]
+    mine = dstp.param_infos(stage)
+    plan = dstp.plan_for(stage, 2, preset_model="llama", params=mine + elsewhere)
+    assert {n: p.kind for n, p in plan.params.items()} == {"here.mlp.gate_proj.weight": "column",
+                                                          "other.mlp.down_proj.weight": "row"}
+    whole = dstp.plan_for(stage, 2, preset_model="llama", params=mine + elsewhere, keep_whole=["other.mlp", "mlp"],
+                          keep_whole_why="placed by AutoEP")
+    assert whole.params["other.mlp.down_proj.weight"].kind == "replicated"
+    assert whole.params["other.mlp.down_proj.weight"].rule.startswith("skip") and "AutoEP" in whole.format()
+    assert whole.params["here.mlp.gate_proj.weight"].kind == "column"  # module names from the start: "mlp" is not here

@@ -8,7 +8,9 @@ one expert-parallel size loads at another.
   ...]) whose name every expert-parallel rank shares: its files hold one expert's slice each, the whole
   tensor is the experts stacked in id order, and this rank's piece is rows [first, first + count)
   (`StackedExperts.cut`). ZeRO saved each expert-data group's slice under the same name, so its state is
-  put back together by expert here (`whole_stacked_states`).
+  put back together by expert here (`whole_stacked_states`). Beside AutoTP, AutoEP may split the experts
+  over the tensor ranks instead of data ranks (recorded as "over": "tensor"): then each tensor rank's
+  directory holds its slice, and the slices are stacked in tensor-rank order (`SavedLayout.merge`).
 """
 
 from __future__ import annotations
@@ -35,11 +37,11 @@ dsmoe = LazyLibrary("dsmoe", "MoE layers")
 autoep = LazyLibrary("dsmoe.autoep", "AutoEP (expert_parallel.enabled)")
 
 
-def _autoep_layers(module: torch.nn.Module) -> list:
+def autoep_layers(module: torch.nn.Module) -> list:
     return autoep.autoep_layers(module) if imported("dsmoe") else []
 
 
-def _moe_layers(module: torch.nn.Module) -> list:
+def moe_layers(module: torch.nn.Module) -> list:
     return dsmoe.moe_layers(module) if imported("dsmoe") else []
 
 
@@ -49,19 +51,23 @@ class StackedExperts:
     """This run's AutoEP weights: {stacked name: (first expert held here, how many, experts in all, ep_size)}."""
 
     ranges: dict[str, tuple[int, int, int, int]]
+    over_tensor: frozenset[str] = frozenset()  # weights whose experts are split over the tensor ranks
 
     @classmethod
     def of(cls, module: torch.nn.Module) -> StackedExperts:
-        ranges = {}
-        for layer_name, layer in _autoep_layers(module):
+        ranges, over_tensor = {}, set()
+        for layer_name, layer in autoep_layers(module):
             local = layer.local_experts
-            for name, param in autoep.stacked_expert_weights(layer_name, layer).items():
-                ranges[name] = (local.first_expert, param.shape[0], local.num_global, layer.ep_size)
-        return cls(ranges)
+            for name in autoep.stacked_expert_weights(layer_name, layer):  # (at stage 3 the tensors are released)
+                ranges[name] = (local.first_expert, local.num_local, local.num_global, layer.ep_size)
+                if layer.replicated_tokens and layer.ep_size > 1:
+                    over_tensor.add(name)
+        return cls(ranges, frozenset(over_tensor))
 
-    def describe(self) -> dict[str, dict[str, int]]:
+    def describe(self) -> dict[str, dict[str, Any]]:
         """What a checkpoint records to read these weights back without the model."""
-        return {name: {"experts": total, "ep_size": ep} for name, (_, _, total, ep) in self.ranges.items()}
+        return {name: {"experts": total, "ep_size": ep, **({"over": "tensor"} if name in self.over_tensor else {})}
+                for name, (_, _, total, ep) in self.ranges.items()}
 
     def cut(self, name: str, whole: torch.Tensor) -> torch.Tensor:
         """This rank's experts of a whole stacked weight (any other tensor as it is)."""
@@ -81,30 +87,39 @@ def saved_stacked(description: Any, where: Path) -> dict[str, dict[str, int]]:
         isinstance(name, str) and isinstance(entry, dict)
         and all(isinstance(entry.get(k), int) and not isinstance(entry.get(k), bool) and entry[k] >= 1
                 for k in ("experts", "ep_size"))
-        and entry["experts"] % entry["ep_size"] == 0 for name, entry in description.items())
+        and entry["experts"] % entry["ep_size"] == 0 and entry.get("over", "data") in ("data", "tensor")
+        for name, entry in description.items())
     if not ok:
         raise CheckpointLoadError(f"{where}: the layout's 'autoep' entry is malformed (expected {{weight name: "
-                                  f"{{'experts': n, 'ep_size': d}}}} with d dividing n)")
+                                  f"{{'experts': n, 'ep_size': d}}}} with d dividing n, and 'over' data or tensor)")
     return description
 
 
 # ---------------------------------------------------------------------------------------------- module files
 def expert_state_names(module: torch.nn.Module) -> set[str]:
     """State-dict names the per-expert files hold (left out of the module file)."""
-    names = dsmoe.checkpoint.expert_state_names(module) if _moe_layers(module) else set()
-    if _autoep_layers(module):
+    names = dsmoe.checkpoint.expert_state_names(module) if moe_layers(module) else set()
+    if autoep_layers(module):
         names |= autoep.checkpoint.expert_state_names(module)
     return names
 
 
-def save_expert_files(module: torch.nn.Module, directory: Path, record: Callable[[int, int], dict[str, str]]) -> None:
+def save_expert_files(module: torch.nn.Module, directory: Path, record: Callable[[int, int], dict[str, str]], *,
+                      layer_ids: Any = None, tensor_rank: int | None = None) -> None:
     """Each expert's weights into its own file, by the first rank of its expert-data group; `record(moe layer,
-    expert)` is the file's metadata."""
+    expert)` is the file's metadata. `layer_ids` (layout.MoELayerIds): a pipeline stage's MoE layers numbered
+    in the whole model's order. `tensor_rank`: files shared by every tensor rank (a pipeline's, at the top),
+    so experts that every tensor rank holds alike are written by tensor rank 0 only."""
+    def writes(layer: Any) -> bool:
+        alike = not getattr(layer, "replicated_tokens", False) or layer.ep_size == 1  # not split over tensor ranks
+        return _first_of(layer.expert_data_group) and (tensor_rank in (None, 0) or not alike)
+
     files: dict[str, dict[str, torch.Tensor]] = {}
-    if _autoep_layers(module) and any(_first_of(layer.expert_data_group) for _, layer in _autoep_layers(module)):
-        files.update({name + ".safetensors": state for name, state in autoep.global_expert_states(module).items()})
-    if _moe_layers(module):
-        chosen = dsmoe.checkpoint.expert_writers(module, lambda layer: _first_of(layer.expert_data_group))
+    if autoep_layers(module) and any(writes(layer) for _, layer in autoep_layers(module)):
+        states = autoep.global_expert_states(module, layer_ids=layer_ids.autoep if layer_ids else None)
+        files.update({name + ".safetensors": state for name, state in states.items()})
+    if moe_layers(module):
+        chosen = dsmoe.checkpoint.expert_writers(module, writes, layer_ids=layer_ids.dsmoe if layer_ids else None)
         files.update({name + ".safetensors": state for name, state in chosen.items()})
     for name, state in files.items():
         layer, expert = parse_expert_file(name)
@@ -128,52 +143,65 @@ def expert_reader(directory: Path) -> Callable[[str], dict[str, torch.Tensor]]:
     return read
 
 
-def load_expert_files(module: torch.nn.Module, directory: Path, strict: bool = True) -> None:
+def load_expert_files(module: torch.nn.Module, directory: Path, strict: bool = True, *, layer_ids: Any = None) -> None:
     """The experts this rank holds, from their files in `directory` (saved at any expert-parallel size)."""
     try:
-        if _autoep_layers(module):
-            autoep.load_global_expert_states(module, expert_reader(directory))
-        if _moe_layers(module):
-            dsmoe.load_local_experts(module, expert_reader(directory), strict=strict)
+        if autoep_layers(module):
+            autoep.load_global_expert_states(module, expert_reader(directory),
+                                             layer_ids=layer_ids.autoep if layer_ids else None)
+        if moe_layers(module):
+            dsmoe.load_local_experts(module, expert_reader(directory), strict=strict,
+                                     layer_ids=layer_ids.dsmoe if layer_ids else None)
     except dsmoe.MoEError as exc:
         raise CheckpointLoadError(f"{directory}: {exc}") from None
 
 
-def read_expert_files(directory: Path, stacked: dict[str, dict[str, int]]) -> dict[str, torch.Tensor]:
-    """Every expert file in `directory`, whole: dsmoe's tensors by their names, AutoEP's slices stacked."""
+def read_expert_files(directories: list[Path], stacked: dict[str, dict[str, Any]]) -> dict[str, torch.Tensor]:
+    """Every expert file in `directories` (a run's rank directories), whole: dsmoe's tensors by their names,
+    AutoEP's slices stacked (experts split over tensor ranks have their files in each one's directory)."""
     whole: dict[str, torch.Tensor] = {}
     slices: dict[str, dict[int, torch.Tensor]] = {}
-    for path in sorted(directory.iterdir()):
-        found = parse_expert_file(path.name)
-        if found is None:
-            continue
-        for name, tensor in dsaio.load_state_dict(path).items():
-            if name in stacked:
-                slices.setdefault(name, {})[found[1]] = tensor
-            else:
-                whole[name] = tensor
+    for directory in directories:
+        for path in sorted(directory.iterdir()):
+            found = parse_expert_file(path.name)
+            if found is None:
+                continue
+            for name, tensor in dsaio.load_state_dict(path).items():
+                if name in stacked:
+                    slices.setdefault(name, {})[found[1]] = tensor
+                else:
+                    whole[name] = tensor
     for name, by_expert in slices.items():
         total = stacked[name]["experts"]
         if sorted(by_expert) != list(range(total)):
             missing = sorted(set(range(total)) - set(by_expert))
-            raise CheckpointLoadError(f"{directory}: {name} has {total} experts but the files of {missing[:8]} are "
-                                      f"missing")
+            raise CheckpointLoadError(f"{directories[0].parent}: {name} has {total} experts but the files of "
+                                      f"{missing[:8]} are missing")
         whole[name] = torch.stack([by_expert[e] for e in range(total)])
     return whole
 
 
 # ---------------------------------------------------------------------------------------------- ZeRO state
-def whole_stacked_states(zero_dir: Path, stacked: dict[str, dict[str, int]]) -> dict[str, dict[str, torch.Tensor]]:
+def whole_stacked_states(zero_dir: Path, stacked: dict[str, dict[str, Any]], *, some: bool = False
+                         ) -> dict[str, dict[str, torch.Tensor]]:
     """{stacked weight: {"master" / optimizer state key: every expert}} from a ZeRO checkpoint in which each
     expert-data group saved its experts' slice under the same name: shard file r held data rank r's
-    experts (expert-parallel rank r % ep_size), each group's shards concatenated in group-rank order."""
+    experts (expert-parallel rank r % ep_size), each group's shards concatenated in group-rank order.
+    Weights whose experts are split over tensor ranks: the slice of this directory's tensor rank, which
+    every data rank here holds (SavedLayout.merge stacks the tensor ranks' slices). `some`: the directory holds
+    some of the weights only (a pipeline stage's)."""
     try:
-        return _whole_stacked(ShardIndex(zero_dir), stacked)
+        index = ShardIndex(zero_dir)
+        spread = {name: entry for name, entry in stacked.items() if entry.get("over") != "tensor"}
+        local = {name: {**entry, "experts": entry["experts"] // entry["ep_size"], "ep_size": 1}
+                 for name, entry in stacked.items() if entry.get("over") == "tensor"}
+        return {**_whole_stacked(index, spread, some), **_whole_stacked(index, local, some)}
     except dszero.CheckpointError as exc:
         raise CheckpointLoadError(f"{zero_dir}: {exc}") from None
 
 
-def _whole_stacked(index: ShardIndex, stacked: dict[str, dict[str, int]]) -> dict[str, dict[str, torch.Tensor]]:
+def _whole_stacked(index: ShardIndex, stacked: dict[str, dict[str, Any]], some: bool
+                   ) -> dict[str, dict[str, torch.Tensor]]:
     groups: dict[tuple, dict[int, Any]] = {}  # (group key, expert-parallel rank) -> {group rank: entry}
     for entry in index.entries:
         names = [slot.name for slot in entry.layout.slots]
@@ -200,6 +228,8 @@ def _whole_stacked(index: ShardIndex, stacked: dict[str, dict[str, int]]) -> dic
     whole = {}
     for name in stacked:
         by_rank = pieces.get(name, {})
+        if some and not by_rank:
+            continue  # held by another stage
         if not by_rank or sorted(by_rank) != list(range(stacked[name]["ep_size"])):
             raise dszero.CheckpointError(f"{name}: the checkpoint holds expert slices of expert-parallel ranks "
                                          f"{sorted(by_rank)} of {stacked[name]['ep_size']}")

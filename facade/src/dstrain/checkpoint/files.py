@@ -2,7 +2,8 @@
 
     <tag>/engine_common.safetensors          one copy: scheduler, client state, step hooks, the layout
     <tag>/model_states.safetensors           the module's weights and buffers (no pipeline)
-    <tag>/layer_XX-model_states.safetensors  a pipeline's weights, one file per layer (DeepSpeed's names)
+    <tag>/layer_XX-model_states.safetensors  a pipeline's weights, one file per layer (DeepSpeed's names);
+    <tag>/layer_XX-model_YY-model_states.safetensors   ... per layer and tensor rank YY, with tensor parallelism
     <tag>/layer_L_expert_E_mp_rank_00_model_states.safetensors   one per (MoE layer, global expert)
     <tag>/zero/                              ZeRO's shards over the data-parallel group (dszero)
     <tag>/engine_rankNNNNN.safetensors       each data rank's counters, loader position and RNG
@@ -28,7 +29,7 @@ SUFFIX = ".safetensors"
 _TP_DIR = re.compile(r"tp_(\d{2,})_of_(\d{2,})")
 _PIPE_DIR = re.compile(r"pipe_(\d{2,})_of_(\d{2,})")
 _RANK_FILE = re.compile(r"engine_rank(\d{5,})\.safetensors")
-_LAYER_FILE = re.compile(r"layer_(\d{2,})-model_states\.safetensors")
+_LAYER_FILE = re.compile(r"layer_(\d{2,})(?:-model_(\d{2,}))?-model_states\.safetensors")
 _EXPERT_FILE = re.compile(r"layer_(\d+)_expert_(\d+)_mp_rank_(\d{2})_model_states\.safetensors")
 _ZERO_SHARD = re.compile(r"zero_shard_(\d{5})-of-(\d{5})\.safetensors")
 _ZERO_META = "zero_meta.json"
@@ -63,6 +64,12 @@ def parse_layer_file(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def layer_file_tensor_rank(name: str) -> int | None:
+    """The tensor rank a layer file's name holds the cut of (`-model_YY-`), or None (a whole layer)."""
+    match = _LAYER_FILE.fullmatch(name)
+    return int(match.group(2)) if match and match.group(2) is not None else None
+
+
 def place_of(relative: str) -> dict[str, Any] | None:
     """What the file at `relative` (inside a tag directory) must record about itself, or None for a file
     this format does not name (nothing to check). Every key returned is compared with the file's record."""
@@ -88,11 +95,12 @@ def place_of(relative: str) -> dict[str, Any] | None:
     if match := _RANK_FILE.fullmatch(name):
         return {**place, "kind": "rank", "dp": int(match.group(1))}
     if (layer := parse_layer_file(name)) is not None:
-        return {**place, "kind": "layer", "layer": layer}
+        model = layer_file_tensor_rank(name)
+        return {**place, "kind": "layer", "layer": layer, **({"model": model} if model is not None else {})}
     if (expert := parse_expert_file(name)) is not None:
         return {**place, "kind": "expert", "moe_layer": expert[0], "expert": expert[1]}
     return None
 
 
 # The keys of a record that say where a file belongs; the others ("save", "step", "prefix", ...) say more.
-PLACE_KEYS = ("kind", "tp", "pipe", "dp", "layer", "moe_layer", "expert")
+PLACE_KEYS = ("kind", "tp", "pipe", "dp", "layer", "model", "moe_layer", "expert")

@@ -24,9 +24,10 @@ import torch
 import torch.distributed as dist
 
 from ..errors import CheckpointLoadError
+from ..wiring.across_stages import across_stages
 from ..wiring.dspipe import is_pipeline_module
 from ..wiring.optional_libs import LazyLibrary, imported
-from .experts import StackedExperts, saved_stacked
+from .experts import StackedExperts, autoep_layers, moe_layers, saved_stacked
 from .files import stage_directory, tp_directory
 
 if TYPE_CHECKING:
@@ -65,14 +66,27 @@ class RunLayout:
     tensor: Any = None  # dstp.TensorParallelModel, when the module is cut over tensor ranks
     pipe: Any = None  # the PipelineModule, when the run is a pipeline
     stacked: StackedExperts = field(default_factory=lambda: StackedExperts({}))
+    # A pipeline of several stages: what the whole model holds, each stage's gathered (every stage's AutoEP
+    # weights; each MoE layer's id in the whole model's order, for its expert files). None: this rank's.
+    model_stacked: dict[str, dict[str, Any]] | None = None
+    moe_layer_ids: MoELayerIds | None = None
 
     @classmethod
     def of(cls, parts: TrainingParts) -> RunLayout:
+        """The layout of the run of `parts` (collective for a pipeline of several stages: every rank calls it)."""
         module = parts.module
-        return cls(module=module, global_rank=parts.global_rank, dp_rank=parts.dp_rank, dp_size=parts.dp_world_size,
-                   dp_group=parts.data_parallel_group, world_group=parts.groups.world if parts.groups else None,
-                   zero_stage=parts.config.zero_optimization.stage, tensor=tensor_state(module),
-                   pipe=module if is_pipeline_module(module) else None, stacked=StackedExperts.of(module))
+        layout = cls(module=module, global_rank=parts.global_rank, dp_rank=parts.dp_rank,
+                     dp_size=parts.dp_world_size, dp_group=parts.data_parallel_group,
+                     world_group=parts.groups.world if parts.groups else None,
+                     zero_stage=parts.config.zero_optimization.stage, tensor=tensor_state(module),
+                     pipe=module if is_pipeline_module(module) else None, stacked=StackedExperts.of(module))
+        if layout.pipe is not None:  # gathered over the stages when there are several
+            layout.model_stacked, layout.moe_layer_ids = _whole_pipeline(layout, parts.groups)
+        return layout
+
+    def stacked_description(self) -> dict[str, dict[str, Any]]:
+        """Every AutoEP stacked weight of the model (every stage's), as a checkpoint records them."""
+        return self.stacked.describe() if self.model_stacked is None else self.model_stacked
 
     @classmethod
     def of_module(cls, module: torch.nn.Module) -> RunLayout:
@@ -98,13 +112,13 @@ class RunLayout:
         """The layout as the common file records it."""
         return {"tp": {"size": self.tensor.tp_size, "plan": self.tensor.plan.to_json()} if self.tensor else None,
                 "pipe": pipeline_shape(self.pipe) if self.pipe is not None else None,
-                "dp_size": self.dp_size, "zero_stage": self.zero_stage, "autoep": self.stacked.describe() or None}
+                "dp_size": self.dp_size, "zero_stage": self.zero_stage, "autoep": self.stacked_description() or None}
 
     def matches(self, saved: SavedLayout) -> bool:
         """Whether each rank can read its own files of a checkpoint saved at `saved` (ZeRO reshards over the
         data-parallel size itself): the same tensor cut, pipeline, stage-3-or-not and AutoEP expert layout."""
         plan = self.tensor.plan.to_json() if self.tensor is not None else None
-        stacked = self.stacked.describe()
+        stacked = self.stacked_description()
         return (plan == saved.plan_json and (pipeline_shape(self.pipe) if self.pipe is not None else None) == saved.pipe
                 and (self.zero_stage == 3) == (saved.zero_stage == 3) and stacked == saved.stacked
                 and (not stacked or self.dp_size == saved.dp_size))  # AutoEP slices share names across groups
@@ -118,6 +132,36 @@ class RunLayout:
             if plan is not None and plan.sharded:
                 value = dstp.shard_tensor(value, plan, self.tensor.tp_rank, self.tensor.tp_size)
         return value
+
+
+@dataclass(frozen=True)
+class MoELayerIds:
+    """Each MoE layer's id in the whole model's order ({module name: id}), dsmoe's and AutoEP's apart, as each
+    numbers its expert files."""
+
+    dsmoe: dict[str, int]
+    autoep: dict[str, int]
+
+
+def _whole_pipeline(layout: RunLayout, groups: Any) -> tuple[dict[str, dict[str, Any]], MoELayerIds]:
+    """(every stage's AutoEP weights, the MoE layer ids over every stage), gathered over the pipe group."""
+    module = layout.module
+    mine = {"stacked": layout.stacked.describe(), "dsmoe": [name for name, _ in moe_layers(module)],
+            "autoep": [name for name, _ in autoep_layers(module)]}
+    stages = across_stages(mine, module, groups)
+    stacked = {name: entry for stage in stages for name, entry in stage["stacked"].items()}
+
+    def numbered(kind: str) -> dict[str, int]:
+        names = sorted({name for stage in stages for name in stage[kind]}, key=_pipeline_order)
+        return {name: index for index, name in enumerate(names)}
+
+    return stacked, MoELayerIds(numbered("dsmoe"), numbered("autoep"))
+
+
+def _pipeline_order(name: str) -> tuple[int, str]:
+    """A PipelineModule's module names in layer order: its layers are registered under their layer index."""
+    head = name.split(".", 1)[0]
+    return (int(head), name) if head.isdigit() else (MAX_DEGREE * MAX_DEGREE, name)
 
 
 def place_directory(top: Path, place: dict[str, list[int]]) -> Path:
@@ -184,7 +228,13 @@ class SavedLayout:
             raise CheckpointLoadError(f"{where}: {exc}") from None
 
     def merge(self, name: str, by_tensor_rank: dict[int, torch.Tensor], plan: Any) -> torch.Tensor:
-        """The whole tensor `name` from the saved tensor ranks' pieces (`plan`: self.plan())."""
+        """The whole tensor `name` from the saved tensor ranks' pieces (`plan`: self.plan()); AutoEP experts
+        split over the tensor ranks are stacked in tensor-rank order."""
+        if self.stacked.get(name, {}).get("over") == "tensor":
+            if sorted(by_tensor_rank) != list(range(self.tp_size)):
+                raise CheckpointLoadError(f"{name}: experts saved by tensor ranks {sorted(by_tensor_rank)} of "
+                                          f"{self.tp_size}")
+            return torch.cat([by_tensor_rank[r] for r in range(self.tp_size)])
         pp = plan.params.get(name) if plan is not None else None
         if pp is None or not pp.sharded:
             return next(iter(by_tensor_rank.values()))

@@ -4,7 +4,9 @@
   data group's first rank, without what other files hold (the experts' own files; at ZeRO stage 3 the
   trained parameters, which live in ZeRO's shards; frozen ones under exclude_frozen_parameters);
 - pipeline: one file per layer (dspipe writes them through `LayerFiles`, each recording its layer and
-  its name prefix in the module, so the checkpoint reads whole without the model);
+  its name prefix in the module, so the checkpoint reads whole without the model); with tensor
+  parallelism (3D) one per layer and tensor rank (`layer_XX-model_YY-...`, recording "model": YY), merged
+  by the saved plan when read whole;
 - experts: one file per (MoE layer, global expert), experts.py.
 
 At another layout every file is read whole by name (tensor-parallel shards merged by the saved plan,
@@ -26,7 +28,7 @@ import dszero
 from ..errors import CheckpointLoadError, DstrainError
 from .contents import MASTER
 from .experts import expert_state_names, load_expert_files, read_expert_files, save_expert_files
-from .files import MODEL_FILE, ZERO_DIR, parse_layer_file
+from .files import MODEL_FILE, ZERO_DIR, layer_file_tensor_rank, parse_layer_file
 from .saved import EXCLUDED_FROZEN
 
 if TYPE_CHECKING:
@@ -41,25 +43,38 @@ _DTYPES = {str(dtype): dtype for dtype in (torch.float32, torch.float16, torch.b
 
 class LayerFiles:
     """dspipe's checkpoint engine over dsaio's safetensors files (nothing is ever unpickled); on save, each
-    layer file records its layer and where its keys sit in the module (`prefix`)."""
+    layer file records its layer and where its keys sit in the module (`prefix`).
+
+    A layer file is written by one data rank of its stage, but a stage's experts are spread over its
+    expert-parallel ranks: they live in their own files (experts.py), so a layer file leaves them out,
+    and on load the layer takes its current experts until their files are read (`experts`: this rank's
+    expert entries by full name)."""
 
     suffix = ".safetensors"
 
-    def __init__(self, out: SaveTarget | None = None, prefixes: dict[int, str] | None = None):
+    def __init__(self, out: SaveTarget | None = None, prefixes: dict[int, str] | None = None,
+                 experts: dict[str, torch.Tensor] | None = None):
         self.out = out
         self.prefixes = prefixes or {}
+        self.experts = experts or {}
 
     def save(self, state_dict: dict, path: Path) -> None:
         layer = parse_layer_file(Path(path).name)
-        metadata = self.out.record("layer", placed=False, layer=layer, prefix=self.prefixes.get(layer, ""),
-                                   written_by=self.out.layout.place())
-        dsaio.save_state_dict(state_dict, path, metadata=metadata)
+        model = layer_file_tensor_rank(Path(path).name)
+        prefix = self.prefixes.get(layer, "")
+        metadata = self.out.record("layer", placed=False, layer=layer, prefix=prefix,
+                                   written_by=self.out.layout.place(), **({"model": model} if model is not None else {}))
+        state = {key: value for key, value in state_dict.items() if prefix + key not in self.experts}
+        dsaio.save_state_dict(state, path, metadata=metadata)
 
     def load(self, path: Path) -> dict:
         try:
-            return dsaio.load_state_dict(path)
+            state = dsaio.load_state_dict(path)
         except dsaio.CheckpointError as exc:
             raise CheckpointLoadError(f"{path}: {exc}") from None
+        prefix = self.prefixes.get(parse_layer_file(Path(path).name), "")
+        return {**state, **{name[len(prefix):]: value for name, value in self.experts.items()
+                            if prefix and name.startswith(prefix)}}
 
 
 def layer_prefixes(pipe: Any) -> dict[int, str]:
@@ -88,6 +103,11 @@ class ModuleWeights:
         self.partitioned = partitioned  # ZeRO stage 3: the trained parameters live in its shards
         self.exclude_frozen = exclude_frozen
 
+    def _experts(self) -> dict[str, torch.Tensor]:
+        """This rank's expert entries of the module's state, by full name (saved in files of their own)."""
+        names = expert_state_names(self.module)
+        return {name: value for name, value in self.module.state_dict().items() if name in names}
+
     def _sharded_names(self) -> set[str]:
         if not self.partitioned:
             return set()
@@ -103,9 +123,16 @@ class ModuleWeights:
                                           self.module.named_parameters(remove_duplicate=False) if p.requires_grad}
         pipe = self.layout.pipe
         if pipe is not None:
-            prefixes = layer_prefixes(pipe)
-            out.write(lambda: pipe.save_state_dict(out.top, LayerFiles(out, prefixes),
-                                                   exclude_frozen_params=self.exclude_frozen))
+            files = LayerFiles(out, layer_prefixes(pipe), self._experts())
+            tensor_rank = self.layout.tensor.tp_rank if self.layout.tensor is not None else 0
+
+            def write_layers() -> None:
+                pipe.save_state_dict(out.top, files, exclude_frozen_params=self.exclude_frozen)
+                save_expert_files(self.module, out.top, lambda layer, expert: out.record(
+                    "expert", placed=False, moe_layer=layer, expert=expert), layer_ids=self.layout.moe_layer_ids,
+                    tensor_rank=tensor_rank)
+
+            out.write(write_layers)
             return
 
         def write() -> None:
@@ -113,8 +140,9 @@ class ModuleWeights:
                 left_out = self._sharded_names() | set(excluded) | expert_state_names(self.module)
                 state = {k: v.detach().contiguous() for k, v in self.module.state_dict().items() if k not in left_out}
                 dsaio.save_state_dict(state, out.directory / MODEL_FILE, metadata=out.record("module"))
-            save_expert_files(self.module, out.directory,
-                              lambda layer, expert: out.record("expert", moe_layer=layer, expert=expert))
+            if not self.partitioned:  # at stage 3 the experts are ZeRO's, saved partition-natively in its shards
+                save_expert_files(self.module, out.directory,
+                                  lambda layer, expert: out.record("expert", moe_layer=layer, expert=expert))
 
         out.write(write)
 
@@ -123,22 +151,25 @@ class ModuleWeights:
     def read(saved: SavedCheckpoint, whole: WholeCheckpoint) -> None:
         """Every saved tensor of the module, whole (after OptimizerState.read: stage 3's are its masters)."""
         layout = saved.layout
+        plan = layout.plan(saved.path)
+        by_name: dict[str, dict[int, torch.Tensor]] = {}  # name -> {tensor rank: its cut}
         if layout.pipe is not None:
             for relative, record in saved.records.items():
                 if record.get("kind") == "layer":
                     prefix = record.get("prefix")
                     if not isinstance(prefix, str):
                         raise CheckpointLoadError(f"{saved.path / relative}: its record names no prefix")
-                    tensors = dsaio.load_state_dict(saved.path / relative)
-                    whole.module.update({prefix + name: tensor for name, tensor in tensors.items()})
+                    tensor_rank = record.get("model") or 0
+                    for name, tensor in dsaio.load_state_dict(saved.path / relative).items():
+                        by_name.setdefault(prefix + name, {})[tensor_rank] = tensor
+            whole.module.update(read_expert_files([saved.path], layout.stacked))  # a pipeline's: at the top
         else:
-            plan = layout.plan(saved.path)
-            by_name: dict[str, dict[int, torch.Tensor]] = {}
-            for place, directory in saved.directories():
+            directories = saved.directories()
+            for place, directory in directories:
                 for name, tensor in dsaio.load_state_dict(directory / MODEL_FILE).items():
                     by_name.setdefault(name, {})[place.get("tp", [0])[0]] = tensor
-                whole.module.update(read_expert_files(directory, layout.stacked))
-            whole.module.update({name: layout.merge(name, shards, plan) for name, shards in by_name.items()})
+            whole.module.update(read_expert_files([directory for _, directory in directories], layout.stacked))
+        whole.module.update({name: layout.merge(name, shards, plan) for name, shards in by_name.items()})
         dtypes = saved.common.get(SHARDED_DTYPES) or {}
         if not isinstance(dtypes, dict) or not all(value in _DTYPES for value in dtypes.values()):
             raise CheckpointLoadError(f"{saved.path}: {SHARDED_DTYPES} must map parameter names to "
@@ -173,9 +204,11 @@ class ModuleWeights:
             from dspipe import PipelineError
 
             try:
-                pipe.load_state_dir(saved.path, LayerFiles(), strict=options.module_strict)
+                pipe.load_state_dir(saved.path, LayerFiles(prefixes=layer_prefixes(pipe), experts=self._experts()),
+                                    strict=options.module_strict)
             except PipelineError as exc:
                 raise CheckpointLoadError(str(exc)) from None
+            load_expert_files(self.module, saved.path, options.module_strict, layer_ids=self.layout.moe_layer_ids)
             return
         directory = saved.directory_of(self.layout.place())
         if options.custom_load_fn is not None:
@@ -185,7 +218,8 @@ class ModuleWeights:
             self._custom(src, options.custom_load_fn)
             return
         self._load_module_file(directory, set(saved.left_out), options.module_strict)
-        load_expert_files(self.module, directory, options.module_strict)
+        if not self.partitioned:  # stage 3: ZeRO loads the experts with the other trained parameters
+            load_expert_files(self.module, directory, options.module_strict)
 
     def _load_module_file(self, directory: Path, left_out: set[str], strict: bool) -> None:
         path = directory / MODEL_FILE

@@ -56,7 +56,7 @@ class OptimizerState:
             try:
                 states, scalars = read_parameter_states(zero_dir)
                 if layout.stacked:  # AutoEP: each expert group's slices put back together by expert
-                    states.update(whole_stacked_states(zero_dir, layout.stacked))
+                    states.update(whole_stacked_states(zero_dir, layout.stacked, some=layout.pipe is not None))
                 meta = meta or read_meta(zero_dir)
             except dszero.CheckpointError as exc:
                 raise CheckpointLoadError(f"cannot read checkpoint: {exc}") from None

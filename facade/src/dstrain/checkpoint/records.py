@@ -29,7 +29,7 @@ from .files import COMMON_FILE, PLACE_KEYS, place_of
 
 _MAX_JSON = 64 * 1024 * 1024  # zero_meta.json is small; a huge one is not ours
 _WHAT = {"kind": "kind", "tp": "tensor rank [rank, of]", "pipe": "pipeline rank [rank, of]", "dp": "data rank",
-         "layer": "layer", "moe_layer": "MoE layer", "expert": "expert"}
+         "layer": "layer", "model": "tensor rank of a layer file", "moe_layer": "MoE layer", "expert": "expert"}
 
 
 def new_save_id(group: Any) -> str:

@@ -35,7 +35,8 @@ MAPPED_PATHS: dict[str, str] = {
     "deepspeed.comm": "dstrain.comm",
     "deepspeed.zero": "dstrain.zero",
     "deepspeed.checkpointing": "dstrain.checkpointing",
-    "deepspeed.checkpoint": "dstrain.checkpoint",
+    "deepspeed.checkpoint": f"{_C}.checkpoint",
+    "deepspeed.checkpoint.utils": f"{_C}.checkpoint.utils",
     "deepspeed.checkpoint.ds_to_universal": "dstrain.checkpoint.ds_to_universal",
     "deepspeed.runtime": "dstrain.runtime",
     "deepspeed.runtime.activation_checkpointing": "dstrain.runtime",
@@ -47,6 +48,7 @@ MAPPED_PATHS: dict[str, str] = {
     "deepspeed.runtime.utils": "dstrain.runtime.utils",
     "deepspeed.runtime.zero": "dstrain.runtime.zero",
     "deepspeed.runtime.zero.offload_config": "dstrain.runtime.zero.offload_config",
+    "deepspeed.runtime.zero.partition_parameters": "dszero.partition_parameters",
     "deepspeed.utils": "dstrain.utils",
     "deepspeed.utils.groups": "dscomm.groups",
     "deepspeed.utils.zero_to_fp32": "dstrain.utils.zero_to_fp32",
@@ -55,10 +57,20 @@ MAPPED_PATHS: dict[str, str] = {
     "deepspeed.ops.lamb": "dstrain.ops",
     "deepspeed.ops.transformer": "dstrain.ops.transformer",
     "deepspeed.monitor": "dsmonitor",
+    "deepspeed.launcher": f"{_C}.launcher",
+    "deepspeed.launcher.runner": f"{_C}.launcher.runner",
+    "deepspeed.compression": f"{_C}.compression",
+    "deepspeed.compression.helper": f"{_C}.compression.helper",
     "deepspeed.pipe": "dstrain.pipe",
     "deepspeed.moe": "dstrain.moe",
     "deepspeed.moe.layer": "dstrain.moe.layer",
     "deepspeed.moe.utils": "dstrain.moe.utils",
+    # Ulysses sequence parallelism (dsseq)
+    "deepspeed.sequence": "dstrain.sequence",
+    "deepspeed.sequence.layer": "dstrain.sequence.layer",
+    "deepspeed.runtime.sequence_parallel": "dstrain.runtime.sequence_parallel",
+    "deepspeed.runtime.sequence_parallel.ulysses_sp": "dstrain.runtime.sequence_parallel.ulysses_sp",
+    "deepspeed.runtime.sequence_parallel.parallel_state_sp": "dstrain.runtime.sequence_parallel.parallel_state_sp",
 }
 
 # dstrain.<name> (and everything under it) -> its module in this package, or elsewhere in dstrain.
@@ -72,10 +84,13 @@ PUBLIC_PATHS: dict[str, str] = {
     "dstrain.utils": f"{_C}.utils",
     "dstrain.lr_schedules": "dstrain.engine.lr_schedules",
     "dstrain.dataloader": "dstrain.engine.dataloader",
+    "dstrain.sequence": f"{_C}.sequence",
 }
 
 # Target modules that need a library the facade does not always have: the module's first name -> pip line.
-_PROVIDERS = {"dstrain.pipe": "dspipe", "dstrain.moe": "dsmoe", f"{_C}.pipe": "dspipe", f"{_C}.moe": "dsmoe"}
+_PROVIDERS = {"dstrain.pipe": "dspipe", "dstrain.moe": "dsmoe", f"{_C}.pipe": "dspipe", f"{_C}.moe": "dsmoe",
+              "dstrain.sequence": "dsseq", f"{_C}.sequence": "dsseq", "dstrain.runtime.sequence_parallel": "dsseq",
+              f"{_C}.runtime.sequence_parallel": "dsseq"}
 
 
 def libraries_behind(target: str) -> list[str]:
@@ -183,9 +198,11 @@ class TableFinder(importlib.abc.MetaPathFinder):
         module = self.target(fullname)
         if module is None:
             if self.closed:
+                from .callers import asked_by
+
                 raise ModuleNotFoundError(f"{fullname}: dstrain maps only the DeepSpeed modules listed in "
                                           f"{self.table_name} (the facade README has the table); this one has no "
-                                          f"dstrain counterpart", name=fullname)
+                                          f"dstrain counterpart{asked_by()}", name=fullname)
             return None
         # A target that is a package keeps its own __path__; a listed parent of listed children must be one.
         is_package = any(other.startswith(fullname + ".") for other in self.table)

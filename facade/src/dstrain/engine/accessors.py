@@ -57,7 +57,11 @@ class EngineAccessors:
         self.global_rank = parts.global_rank
         self.world_size = dscomm.get_world_size()
         self.local_rank = dscomm.get_local_rank()
-        self.dp_world_size = parts.dp_world_size
+        # DeepSpeed's names: dp_world_size counts data-parallel replicas (the batch size's factor);
+        # seq_dp_world_size the ranks ZeRO spans (sequence x data); equal without sequence parallelism.
+        self.dp_world_size = parts.data_world_size
+        self.seq_dp_world_size = parts.dp_world_size
+        self.sequence_parallel_size = parts.sequence_parallel_size
         self.device = parts.device
         self.precision = parts.precision
         self.reporter = parts.reporter
@@ -66,7 +70,7 @@ class EngineAccessors:
                      num_workers: int = 0, data_sampler: Any = None) -> DeepSpeedDataLoader:
         """A distributed loader over `dataset` (DeepSpeed's name), e.g. for evaluation data."""
         return DeepSpeedDataLoader(dataset, batch_size or self.train_micro_batch_size_per_gpu(),
-                                   rank=self._parts.dp_rank, world_size=self.dp_world_size, collate_fn=collate_fn,
+                                   rank=self._parts.data_rank, world_size=self.dp_world_size, collate_fn=collate_fn,
                                    num_workers=num_workers, data_sampler=data_sampler, shuffle=route == "train",
                                    drop_last=self._config.dataloader_drop_last)
 

@@ -17,6 +17,11 @@ from ..logs import log_on_rank0
 from .accessors import EngineAccessors
 from .parts import build_training_parts
 
+# Private methods of DeepSpeed's engine that integrations call (Accelerate, transformers): a missing one is named
+# with who asked, as a missing public one is.
+# (Accelerate's get_state_dict calls _consolidated_16bit_state_dict under AutoTP, which this engine lacks.)
+_DEEPSPEED_PRIVATE_API = {"_consolidated_16bit_state_dict", "_zero3_consolidated_16bit_state_dict"}
+
 
 class DeepSpeedEngine(EngineAccessors, torch.nn.Module):
     """Built by `dstrain.initialize()`; `engine(*inputs)`, `engine.backward(loss)`, `engine.step()`."""
@@ -30,7 +35,10 @@ class DeepSpeedEngine(EngineAccessors, torch.nn.Module):
                                      training_data=training_data, lr_scheduler=lr_scheduler, collate_fn=collate_fn,
                                      data_parallel_group=data_parallel_group, groups=groups, step_hooks=step_hooks)
         self.adopt_parts(parts, config, model)
-        self.data_parallel_group = data_parallel_group
+        # DeepSpeed's names: data_parallel_group holds the replicas, seq_data_parallel_group ZeRO's ranks.
+        self.seq_data_parallel_group = data_parallel_group
+        self.data_parallel_group = groups.data if parts.sequence_parallel_size > 1 else data_parallel_group
+        self.seq_parallel_group = groups.sequence if parts.sequence_parallel_size > 1 else None
         self._hybrid = None  # the Hybrid Engine's generation (hybrid_engine.enabled): engine/hybrid/
         if config.hybrid_engine.enabled:
             from .hybrid import HybridGeneration
@@ -161,6 +169,10 @@ class DeepSpeedEngine(EngineAccessors, torch.nn.Module):
     def get_type(self) -> type:
         return type(self.module)
 
+    def get_sequence_parallel_group(self) -> Any:
+        """The ranks splitting each sample's sequence (None without sequence_parallel_size), as DeepSpeed's."""
+        return self.seq_parallel_group
+
     def compile(self, backend: str = "inductor", compile_kwargs: dict | None = None) -> None:
         """torch.compile the wrapped module in place (DeepSpeed's engine.compile); hooks stay attached."""
         self.module.compile(backend=backend, **(compile_kwargs or {}))
@@ -182,7 +194,12 @@ class DeepSpeedEngine(EngineAccessors, torch.nn.Module):
             module = self._modules.get("module")
             if module is not None and hasattr(module, name):
                 return getattr(module, name)
-            raise
+            if name.startswith("_") and name not in _DEEPSPEED_PRIVATE_API:
+                raise  # a probe of a private name (torch, Accelerate): no message to build
+            from ..compat.callers import missing
+
+            raise AttributeError(f"'DeepSpeedEngine' object has no attribute {name!r} (nor has its module "
+                                 f"{type(module).__name__}): {missing(f'engine.{name}')}") from None
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest: bool = True,
@@ -214,6 +231,21 @@ class DeepSpeedEngine(EngineAccessors, torch.nn.Module):
 
         return save_16bit_model(self._parts, save_dir, save_filename,
                                 exclude_frozen_parameters=exclude_frozen_parameters)
+
+    def zero_gather_16bit_weights_on_model_save(self) -> bool:
+        """Whether the config lets a stage-3 run gather its weights to save them whole
+        (zero_optimization.stage3_gather_16bit_weights_on_model_save)."""
+        return bool(self._config.zero_optimization.stage3_gather_16bit_weights_on_model_save)
+
+    def _zero3_consolidated_16bit_state_dict(self, exclude_frozen_parameters: bool = False) -> dict | None:
+        """The whole module's state dict in its training dtype on global rank 0 (None on the others; every rank
+        calls it). DeepSpeed's name, which Hugging Face's Trainer and Accelerate call; stage 3 only, as there."""
+        from .consolidated import consolidated_state_dict
+
+        if self.zero_optimization_stage() != 3:
+            raise ValueError(f"_zero3_consolidated_16bit_state_dict needs ZeRO stage 3 (zero_optimization.stage is "
+                             f"{self.zero_optimization_stage()}); the module's own state_dict() is whole here")
+        return consolidated_state_dict(self.module, exclude_frozen_parameters)
 
     # ------------------------------------------------------------------ data efficiency (dsdata)
     def set_data_post_process_func(self, post_process_func) -> None:

@@ -48,8 +48,19 @@ class TrainingParts:
     dp_rank: int
     dp_world_size: int
     groups: Any = None  # dscomm.ParallelGroups, where initialize() built the layout
+    sequence_parallel_size: int = 1  # ranks splitting each sample (ZeRO's group spans them and the data ranks)
     release_gc: Any = None  # disable_python_gc: gives this engine's hold on the collector back (python_gc.py)
     step_hooks: list = field(default_factory=list)  # the composition's: called with the global step after each step
+
+    @property
+    def data_rank(self) -> int:
+        """This rank's data-parallel replica: the batch it reads (sequence ranks of a replica read the same)."""
+        return self.dp_rank // self.sequence_parallel_size
+
+    @property
+    def data_world_size(self) -> int:
+        """Data-parallel replicas: what the batch size counts (the ZeRO group over the sequence ranks)."""
+        return self.dp_world_size // self.sequence_parallel_size
 
     def close(self) -> None:
         """Close the monitors and give the garbage collector back (on only when no other engine holds it)."""
@@ -74,6 +85,8 @@ def build_training_parts(model: torch.nn.Module, config: DeepSpeedConfig, *, opt
         raise TypeError(f"initialize(model=...) must be a torch.nn.Module, got {type(model).__name__}")
     dp_rank = torch.distributed.get_rank(data_parallel_group)
     dp_world_size = torch.distributed.get_world_size(data_parallel_group)
+    # With sequence parallelism the group is sequence x data (sequence fastest): replicas are every sp-th rank.
+    sequence = groups.size("sequence") if groups is not None and data_parallel_group is groups.sequence_data else 1
     device = training_device(dscomm.get_local_rank())
     precision = PrecisionSetup(config, device)
     # The order matters: the module reaches its device and dtype before ZeRO flattens its parameters,
@@ -93,6 +106,10 @@ def build_training_parts(model: torch.nn.Module, config: DeepSpeedConfig, *, opt
         # Gradient norms and the fp16 overflow are decided over the layout's norm group (every stage and shard).
         norm_group = groups.norm if groups is not None else None
         basic, zero = _zero_optimizer(config, model, basic, precision, data_parallel_group, norm_group)
+    elif config.zero_optimization.stage == 3:
+        # No optimizer at stage 3 (an evaluation or reference model): the parameters stay partitioned and each
+        # module gathers its own around its forward, as DeepSpeed's engine does.
+        dszero.ZeroInference(model, config.zero_optimization, group=data_parallel_group)
     scheduler = _scheduler(config, lr_scheduler, basic)
     loader = None
     wiring_dsdata.warn_curriculum_without_data(config, training_data)
@@ -103,7 +120,7 @@ def build_training_parts(model: torch.nn.Module, config: DeepSpeedConfig, *, opt
                                                  global_rank=dscomm.get_rank())
         if loader is None:
             loader = DeepSpeedDataLoader(training_data, config.train_micro_batch_size_per_gpu,
-                                         rank=dp_rank, world_size=dp_world_size,
+                                         rank=dp_rank // sequence, world_size=dp_world_size // sequence,
                                          collate_fn=collate_fn, drop_last=config.dataloader_drop_last)
     progress = TrainingProgress()
     step_hooks = list(step_hooks or [])
@@ -112,7 +129,8 @@ def build_training_parts(model: torch.nn.Module, config: DeepSpeedConfig, *, opt
     parts = TrainingParts(config=config, module=model, device=device, precision=precision, basic_optimizer=basic,
                           optimizer=zero, lr_scheduler=scheduler, training_dataloader=loader, progress=progress,
                           reporter=reporter, data_parallel_group=data_parallel_group, global_rank=dscomm.get_rank(),
-                          dp_rank=dp_rank, dp_world_size=dp_world_size, groups=groups, step_hooks=step_hooks)
+                          dp_rank=dp_rank, dp_world_size=dp_world_size, groups=groups, step_hooks=step_hooks,
+                          sequence_parallel_size=sequence)
     if config.disable_python_gc:  # last, so a failed build leaves the collector on
         parts.release_gc = python_gc.hold()
         weakref.finalize(parts, parts.release_gc)  # an engine dropped without destroy() lets go too

@@ -24,6 +24,7 @@ import dscomm
 from dsconfig import DeepSpeedConfig, Problem
 
 from ..errors import UnsupportedFeatureError
+from .across_stages import across_stages, several_stages
 from .optional_libs import LazyLibrary, imported
 
 # dsmoe is optional: AutoEP layers exist only once dsmoe is imported (wiring/dsmoe.py guards its callers).
@@ -38,20 +39,28 @@ def apply_autoep(composed: Any, config: DeepSpeedConfig, groups: Any,
     ep = config.expert_parallel
     if not ep.enabled:
         return composed
-    if config.zero_optimization.stage == 3:
-        raise UnsupportedFeatureError([Problem(
-            "zero_optimization.stage", "AutoEP (expert_parallel.enabled) runs at ZeRO stages 0-2 here: stage 3 "
-                                       "would partition the experts over the data-parallel group, which holds "
-                                       "different experts on different ranks; use stage 1 or 2", 3)])
-    data = groups.size("data") if groups is not None else dscomm.groups.get_data_parallel_world_size()
-    if data % ep.autoep_size:
-        valid = [d for d in range(1, data + 1) if data % d == 0]
-        raise UnsupportedFeatureError([Problem("expert_parallel.autoep_size", f"must divide the data-parallel size "
-                                                                              f"{data}; valid: {valid}", ep.autoep_size)])
-    ep_group, ep_data_group = expert_groups(groups, ep.autoep_size)
+    over_tensor = experts_over_tensor_ranks(config, groups)
+    if over_tensor:  # the tensor group holds the same tokens: each rank a share of the experts, none exchanged
+        ep_group, ep_data_group = groups.tensor, groups.data
+    else:
+        data = groups.size("data") if groups is not None else dscomm.groups.get_data_parallel_world_size()
+        if data % ep.autoep_size:
+            valid = sorted({d for d in range(1, data + 1) if data % d == 0} | {tensor_size(groups)} - {1})
+            raise UnsupportedFeatureError([Problem(
+                "expert_parallel.autoep_size", f"must divide the data-parallel size {data}"
+                                               f"{' or equal tensor_parallel.autotp_size' if tensor_size(groups) > 1 else ''}"
+                                               f"; valid: {valid or [1]}", ep.autoep_size)])
+        ep_group, ep_data_group = expert_groups(groups, ep.autoep_size)
     model = composed.model
     before = dict(model.named_parameters())
-    autoep.apply(model, ep, ep_group if ep.autoep_size > 1 else None)
+    pipeline = several_stages(model, groups)
+    replaced = on_every_stage(lambda: autoep.apply(
+        model, ep, ep_group if ep.autoep_size > 1 else None, model_config=hf_config(model),
+        replicated_tokens=over_tensor, require_blocks=not pipeline), model, groups)
+    if pipeline and not sum(across_stages(len(replaced), model, groups)):
+        raise dsmoe.MoEError("expert_parallel: no MoE block in any stage of the pipeline matches the preset's or "
+                             "moe_layer_pattern's module names (a pipeline names its layers by index: '1.mlp'); set "
+                             "expert_parallel.moe_layer_pattern")
     for _, layer in autoep.autoep_layers(model):
         layer.expert_data_group = ep_data_group
     after = dict(model.named_parameters())
@@ -60,7 +69,52 @@ def apply_autoep(composed: Any, config: DeepSpeedConfig, groups: Any,
     _SWAPPED[model] = swapped
     parameters = _renewed(composed.model_parameters, swapped, model)
     split = [group for group in dsmoe.configure_moe_param_groups(parameters) if group["params"]]
+    replicas = expert_norm_replicas(config, groups)
+    for group in split:  # the tensor step counted the whole experts as replicated; placed, they may not be
+        if dsmoe.is_moe_param_group(group) and tensor_size(groups) > 1:
+            group["norm_replicas"] = replicas
     return dataclasses.replace(composed, model_parameters=split)
+
+
+def hf_config(model: torch.nn.Module) -> Any:
+    """The Hugging Face config AutoEP reads the expert count and top-k from: the model's, or for a model
+    built of Hugging Face layers without one of its own (a PipelineModule), the first layer's."""
+    config = getattr(model, "config", None)
+    if config is not None:
+        return config
+    return next((m.config for m in model.modules() if hasattr(getattr(m, "config", None), "model_type")), None)
+
+
+def on_every_stage(action: Callable[[], Any], model: torch.nn.Module, groups: Any) -> Any:
+    """action() on this rank; when it raised MoEError on any stage of a pipeline, the same error on every
+    rank (a stage that went on would wait forever in the next collective for one that stopped)."""
+    try:
+        result, failure = action(), None
+    except dsmoe.MoEError as exc:
+        result, failure = None, str(exc)
+    failures = [f for f in across_stages(failure, model, groups) if f]
+    if failures:
+        raise dsmoe.MoEError(failures[0])
+    return result
+
+
+def tensor_size(groups: Any) -> int:
+    return groups.size("tensor") if groups is not None else 1
+
+
+def experts_over_tensor_ranks(config: DeepSpeedConfig, groups: Any) -> bool:
+    """Whether AutoEP beside AutoTP splits the experts over the tensor-parallel group (autoep_size equal to
+    autotp_size), rather than over data-parallel ranks (autoep_size dividing the data-parallel size, each
+    tensor rank holding the same experts); see dsmoe's README for the group arithmetic."""
+    tensor = tensor_size(groups)
+    return config.expert_parallel.enabled and tensor > 1 and config.expert_parallel.autoep_size == tensor
+
+
+def expert_norm_replicas(config: DeepSpeedConfig, groups: Any) -> int:
+    """How many ranks of the norm group hold each AutoEP expert's gradient besides its ZeRO group: every
+    tensor rank when the experts are split over data ranks beside AutoTP, else none."""
+    tensor = tensor_size(groups)
+    return 1 if tensor == 1 or experts_over_tensor_ranks(config, groups) else tensor
 
 
 def _renewed(parameters: Any, swapped: dict[int, Any], model: torch.nn.Module) -> Any:

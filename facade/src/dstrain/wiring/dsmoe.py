@@ -25,9 +25,10 @@ import torch
 
 import dscomm
 from dscomm.tags import EXPERT_GROUP_NAME_KEY
-from dsconfig import DeepSpeedConfig, Problem
+from dsconfig import DeepSpeedConfig
 
-from ..errors import DstrainError, UnsupportedFeatureError
+from ..errors import DstrainError
+from .across_stages import across_stages
 from .autoep import (
     apply_autoep,
     broadcast_autoep_experts,
@@ -52,20 +53,21 @@ def apply_experts(composed: Any, config: DeepSpeedConfig, groups: Any) -> Any:
     if not imported("dsmoe"):
         return composed
     layers = dsmoe.moe_layers(composed.model)
+    # A pipeline rank holds its stage's layers only, but creating groups is collective over every rank, and a
+    # refusal must reach every stage: each rank checks every stage's layers and creates every size's groups.
+    described = [entry for stage in across_stages([[name, layer.ep_size, layer.num_experts] for name, layer in layers],
+                                                  composed.model, groups) for entry in stage]
+    if not described:
+        return composed
+    data = groups.size("data") if groups is not None else dscomm.groups.get_data_parallel_world_size()
+    for name, ep_size, experts in described:
+        dsmoe.check_expert_parallel_size(ep_size, data, experts, where=f"MoE layer {name!r}")
+    for ep_size in sorted({ep_size for _, ep_size, _ in described}):  # the same order on every rank
+        expert_groups(groups, ep_size)
+    for _, layer in layers:
+        layer.set_expert_groups(*expert_groups(groups, layer.ep_size))
     if not layers:
         return composed
-    if config.zero_optimization.stage == 3:
-        names = ", ".join(repr(name) for name, _ in layers[:3])
-        raise UnsupportedFeatureError([Problem(
-            "zero_optimization.stage", f"stage 3 partitions every parameter over the data-parallel group, but the "
-                                       f"model's MoE layers ({names}{', ...' if len(layers) > 3 else ''}) hold experts "
-                                       f"on fewer ranks than that (their expert-data-parallel group); use stage 1 or "
-                                       f"2, which partition experts over their own group (DeepSpeed refuses MoE at "
-                                       f"stage 3 too)", 3)])
-    data = groups.size("data") if groups is not None else dscomm.groups.get_data_parallel_world_size()
-    for name, layer in layers:  # module order: every rank creates the same groups in the same order
-        dsmoe.check_expert_parallel_size(layer.ep_size, data, layer.num_experts, where=f"MoE layer {name!r}")
-        layer.set_expert_groups(*expert_groups(groups, layer.ep_size))
     parameters = composed.model_parameters
     if parameters is None:
         parameters = composed.model.parameters()
@@ -96,6 +98,7 @@ def expert_param_group_keys(optimizer: Any, module: torch.nn.Module, groups: Any
         split = dsmoe.split_params_into_different_moe_groups_for_optimizer([dict(group) for group in param_groups])
         param_groups[:] = [group for group in split if group["params"]]
     data = groups.size("data") if groups is not None else dscomm.groups.get_data_parallel_world_size()
+    placed = expert_data_groups(module)
     for index, group in enumerate(param_groups):
         experts = [p for p in group["params"] if dsmoe.is_moe_param(p)]
         if not dsmoe.is_moe_param_group(group):
@@ -108,8 +111,25 @@ def expert_param_group_keys(optimizer: Any, module: torch.nn.Module, groups: Any
             raise DstrainError(f"optimizer param group {index} is tagged moe but holds {len(group['params']) - len(experts)}"
                                f" non-expert parameter(s); only expert parameters belong in it")
         ep_size = _ep_size_of(group, index)
-        group.setdefault("process_group", expert_groups(groups, ep_size)[1])
+        owners = {id(placed[id(p)]) for p in experts if id(p) in placed}
+        if len(owners) > 1:
+            raise DstrainError(f"optimizer param group {index} holds experts of layers placed over different "
+                               f"expert-data groups; keep each layout's experts in groups of their own")
+        known = placed.get(id(experts[0])) if owners else None
+        group.setdefault("process_group", known if known is not None else expert_groups(groups, ep_size)[1])
         group.setdefault("gradient_average_over", data)
+
+
+def expert_data_groups(module: torch.nn.Module) -> dict[int, Any]:
+    """{id(expert parameter): the expert-data group its layer was placed on} (the ranks holding the same
+    experts: over data ranks, or the data group when AutoEP splits the experts over the tensor group)."""
+    found: dict[int, Any] = {}
+    layers = [(layer.local_experts, layer.expert_data_group) for _, layer in autoep.autoep_layers(module)]
+    layers += [(layer.deepspeed_moe.experts, layer.expert_data_group) for _, layer in dsmoe.moe_layers(module)]
+    for experts, group in layers:
+        if group is not None:
+            found.update({id(p): group for p in experts.parameters()})
+    return found
 
 
 def _has_experts(module: torch.nn.Module) -> bool:

@@ -59,6 +59,14 @@ def apply_pipeline_split(composed: Any, config: DeepSpeedConfig, groups: Any) ->
     if not is_pipeline_module(model):
         return composed
     if groups is not None and groups.dims != model.dims:
+        dims = groups.dims
+        if dims.tensor != model.dims.tensor:  # 3D: the module must know the tensor axis its stages are cut over
+            raise UnsupportedFeatureError([Problem(
+                "tensor_parallel.autotp_size", f"this run lays out {dims}, but the PipelineModule was built for "
+                                               f"{model.dims}: build it with topology=dstrain.pipe."
+                                               f"PipeModelDataParallelTopology(num_pp={dims.pipe}, num_mp="
+                                               f"{dims.tensor}, num_dp={dims.data}) (as Megatron-DeepSpeed does)",
+                dims.tensor)])
         raise UnsupportedFeatureError([Problem(
             "pipeline.stages", f"the PipelineModule was built for the layout {model.dims}, but this run lays out "
                                f"{groups.dims}: build the module after init_distributed() with num_stages equal to "

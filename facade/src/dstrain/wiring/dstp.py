@@ -4,6 +4,11 @@ The model is cut over the layout's tensor group before anything else sees it; th
 parameters then come back as parameter groups in which every tensor-replicated parameter carries
 `"norm_replicas": tp_size` (dszero's key), so ZeRO, partitioning over the data group, computes the
 global gradient norm with each shard counted once per tensor rank and each replicated weight once.
+
+A PipelineModule (3D parallelism, as Megatron-DeepSpeed runs it) holds only its stage's layers; its
+plan is planned over every stage's parameters (gathered over the pipe group), so each stage cuts its
+layers by the whole model's plan, a rule is checked against every parameter it may match, and a
+checkpoint records one plan that merges and cuts every layer file.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import dscomm
 from dsconfig import ConfigError, DeepSpeedConfig, Problem
 
 from ..errors import UnsupportedFeatureError
+from .across_stages import across_stages, several_stages
 from .optional_libs import require
 
 TP_INIT_ATTR = "_dstrain_tp_model_init"  # what dstrain.tp_model_init recorded on a model
@@ -45,11 +51,19 @@ def apply_tensor_parallel(composed: Any, config: DeepSpeedConfig, groups: Any) -
                                                "runs two half-batches as coroutines, which activation checkpointing "
                                                "(gradient_checkpointing_enable) would mix up; turn one of them off",
                                                True)])
+    if section.vocab_parallel_lm_head and several_stages(model, groups):
+        raise UnsupportedFeatureError([Problem("tensor_parallel.vocab_parallel_lm_head",
+                                               "slices the logits for a Hugging Face model's loss_function, but a "
+                                               "pipeline computes its loss with the PipelineModule's loss_fn on the "
+                                               "last stage; turn it off (the LM head stays whole)", True)])
     dstp = require("dstp", "tensor_parallel.autotp_size > 1 (AutoTP)")
     try:
-        state = dstp.parallelize(model, groups.tensor, tp_overlap_comm=section.tp_overlap_comm,
-                                 preset_model=section.preset_model, partition_config=section.partition_config,
-                                 vocab_parallel_lm_head=section.vocab_parallel_lm_head)
+        plan = dstp.plan_for(model, tp_size, preset_model=section.preset_model,
+                             partition_config=section.partition_config,
+                             vocab_parallel_lm_head=section.vocab_parallel_lm_head,
+                             params=pipeline_params(model, groups, dstp), keep_whole=autoep_placed(model, config, groups),
+                             keep_whole_why="expert_parallel (AutoEP places the experts and routers)")
+        state = dstp.parallelize(model, groups.tensor, plan, tp_overlap_comm=section.tp_overlap_comm)
     except dstp.TensorParallelError as exc:
         raise ConfigError(Problem("tensor_parallel", str(exc))) from None
     if dscomm.get_rank() == 0:
@@ -61,6 +75,31 @@ def apply_tensor_parallel(composed: Any, config: DeepSpeedConfig, groups: Any) -
         log_on_rank0(0, f"AutoTP: {tp_size} tensor ranks, rules from {state.plan.source}: {summary}")
     parameters = replica_aware_groups(composed.model_parameters, model, tp_size)
     return dataclasses.replace(composed, model_parameters=parameters)
+
+
+def autoep_placed(model: torch.nn.Module, config: DeepSpeedConfig, groups: Any) -> list[str]:
+    """The modules AutoEP will place (step 2): experts split over expert-parallel ranks, routers replicated;
+    the tensor plan keeps them whole."""
+    if not config.expert_parallel.enabled:
+        return []
+    from .autoep import hf_config, on_every_stage
+
+    autoep = require("dsmoe.autoep", "expert_parallel.enabled (AutoEP)")
+    return on_every_stage(lambda: autoep.placed_modules(model, config.expert_parallel, model_config=hf_config(model)),
+                          model, groups)
+
+
+def pipeline_params(model: torch.nn.Module, groups: Any, dstp: Any) -> list[Any] | None:
+    """Every pipeline stage's parameters as dstp plans them (None for a model that is not a pipeline of
+    several stages); collective over the pipe group."""
+    if not several_stages(model, groups):
+        return None
+    merged: dict[str, Any] = {}
+    for stage in across_stages([dataclasses.asdict(info) for info in dstp.param_infos(model)], model, groups):
+        for raw in stage:  # a tied module is on several stages, alike
+            merged.setdefault(raw["name"], dstp.ParamInfo(raw["name"], tuple(raw["shape"]), raw["module_kind"],
+                                                          tuple(raw["aliases"])))
+    return list(merged.values())
 
 
 def replica_aware_groups(model_parameters: Any, model: torch.nn.Module, tp_size: int) -> list[dict[str, Any]]:

@@ -65,11 +65,14 @@ GATED_FEATURES = (
                  "data efficiency (curriculum learning, random-LTD)", "dsdata", _data_efficiency),
     GatedFeature("curriculum_learning.enabled", "curriculum_learning.enabled", "the legacy seqlen curriculum",
                  "dsdata", lambda cfg: cfg.curriculum_learning.enabled),
+    GatedFeature("sequence_parallel_size", "sequence_parallel_size", "Ulysses sequence parallelism", "dsseq",
+                 lambda cfg: cfg.sequence_parallel_size if cfg.sequence_parallel_size > 1 else 0),
 )
 
 # Gated features whose library, once installed, this version's engine also composes into training.
 ENGINE_COMPOSES: frozenset[str] = frozenset({"tensor_parallel.autotp_size", "data_efficiency.enabled",
-                                             "curriculum_learning.enabled", "pipeline", "expert_parallel.enabled"})
+                                             "curriculum_learning.enabled", "pipeline", "expert_parallel.enabled",
+                                             "sequence_parallel_size"})
 
 _NEVER_PROVIDED = (("compile.deepcompile", "DeepCompile", lambda cfg: cfg.compile.deepcompile),)
 

@@ -1,4 +1,4 @@
-"""The middle-row libraries (dspipe, dsmoe, dstp, dsdata) are optional: the facade installs and trains
+"""The middle-row libraries (dspipe, dsmoe, dstp, dsdata, dsseq) are optional: the facade installs and trains
 with dsconfig, dscomm, dsaio, dsmonitor and dszero alone, and imports a middle-row library only where a
 config or model uses its feature.
 
@@ -17,7 +17,7 @@ from typing import Any
 
 from ..errors import DstrainError
 
-EXTRAS = {"dspipe": "pipe", "dsmoe": "moe", "dstp": "tp", "dsdata": "data"}  # library -> dstrain's extra
+EXTRAS = {"dspipe": "pipe", "dsmoe": "moe", "dstp": "tp", "dsdata": "data", "dsseq": "seq"}  # library -> dstrain's extra
 
 
 class MissingLibraryError(DstrainError, ImportError):

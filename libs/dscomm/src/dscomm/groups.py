@@ -108,7 +108,7 @@ def _axis(name: str) -> tuple[Any, int, int]:
     if groups is not None:
         return groups.group(name), groups.size(name), groups.rank_in(name)
     _require_world()
-    if name == "data":  # all data parallel: the whole world
+    if name in ("data", "sequence_data"):  # all data parallel: the whole world
         return dist.group.WORLD, dist.get_world_size(), dist.get_rank()
     return self_group(), 1, 0
 
@@ -158,6 +158,41 @@ def get_tensor_parallel_rank() -> int:
 get_model_parallel_rank = get_tensor_parallel_rank
 
 
+# ------------------------------------------------------------------ sequence parallelism (Ulysses)
+# DeepSpeed's scripts call the underscored names (`groups._get_sequence_parallel_group()`); both spellings
+# answer. Without sequence parallelism the sequence group is this rank alone and sequence_data is data.
+def get_sequence_parallel_group() -> Any:
+    return _axis("sequence")[0]
+
+
+def get_sequence_parallel_world_size() -> int:
+    return _axis("sequence")[1]
+
+
+def get_sequence_parallel_rank() -> int:
+    return _axis("sequence")[2]
+
+
+def get_sequence_data_parallel_group() -> Any:
+    return _axis("sequence_data")[0]
+
+
+def get_sequence_data_parallel_world_size() -> int:
+    return _axis("sequence_data")[1]
+
+
+def get_sequence_data_parallel_rank() -> int:
+    return _axis("sequence_data")[2]
+
+
+_get_sequence_parallel_group = get_sequence_parallel_group
+_get_sequence_parallel_world_size = get_sequence_parallel_world_size
+_get_sequence_parallel_rank = get_sequence_parallel_rank
+_get_sequence_data_parallel_group = get_sequence_data_parallel_group
+_get_sequence_data_parallel_world_size = get_sequence_data_parallel_world_size
+_get_sequence_data_parallel_rank = get_sequence_data_parallel_rank
+
+
 def get_group_ranks(group: Any) -> list[int]:
     return dist.get_process_group_ranks(group if group is not None else dist.group.WORLD)
 
@@ -178,7 +213,8 @@ def create_expert_groups(ep_size: int) -> None:
         divisors = [d for d in range(1, base.data + 1) if base.data % d == 0]  # type: ignore[operator]
         raise CommError(f"expert-parallel size {ep_size} must divide the data-parallel size {base.data}; "
                         f"valid: {divisors}")
-    dims = ParallelDims(base.world_size, pipe=base.pipe, tensor=base.tensor, data=base.data, expert=ep_size)
+    dims = ParallelDims(base.world_size, pipe=base.pipe, tensor=base.tensor, data=base.data, expert=ep_size,
+                        sequence=base.sequence)
     me = dist.get_rank()
     mine: dict[str, tuple[Any, list[int]]] = {}
     for name in ("expert", "expert_data"):

@@ -38,8 +38,9 @@ def forget_self_group() -> None:
 
 class ParallelGroups:
     """This rank's process group for each group of `dims`: `.data`, `.pipe`, `.tensor`, `.expert`,
-    `.expert_data`, `.model` (pipe x tensor: one replica), `.norm` (where gradient norms and the fp16
-    overflow are decided: the whole layout), `.world`."""
+    `.expert_data`, `.model` (pipe x tensor: one copy of the weights), `.norm` (where gradient norms and
+    the fp16 overflow are decided: the whole layout), `.world`, `.sequence` (the ranks splitting one
+    sample's sequence) and `.sequence_data` (sequence x data: where ZeRO partitions and reduces)."""
 
     def __init__(self, dims: ParallelDims, rank: int, members: dict[str, tuple[Any, list[int]]]) -> None:
         self.dims = dims
@@ -94,7 +95,10 @@ class ParallelGroups:
     tensor = property(lambda self: self.group("tensor"), doc="This rank's tensor-parallel group.")
     expert = property(lambda self: self.group("expert"), doc="The data ranks holding different experts.")
     expert_data = property(lambda self: self.group("expert_data"), doc="The data ranks holding the same experts.")
-    model = property(lambda self: self.group("model"), doc="One replica of the model: pipe x tensor.")
+    model = property(lambda self: self.group("model"), doc="One copy of the weights: pipe x tensor.")
+    sequence = property(lambda self: self.group("sequence"), doc="The ranks splitting one sample's sequence.")
+    sequence_data = property(lambda self: self.group("sequence_data"),
+                             doc="Sequence x data ranks holding the same model shard: ZeRO's group.")
     norm = property(lambda self: self.group("norm"), doc="Where gradient norms and fp16 overflow are decided.")
     world = property(lambda self: self.group("world"), doc="Every rank of the layout.")
 
@@ -141,6 +145,25 @@ class ParallelGroups:
 
     def get_tensor_model_parallel_group(self) -> Any:
         return self.tensor
+
+    # ----------------------------------------------- the sequence-parallel `mpu` interface (DeepSpeed's names)
+    def get_sequence_parallel_group(self) -> Any:
+        return self.sequence
+
+    def get_sequence_parallel_world_size(self) -> int:
+        return self.size("sequence")
+
+    def get_sequence_parallel_rank(self) -> int:
+        return self.rank_in("sequence")
+
+    def get_sequence_data_parallel_group(self) -> Any:
+        return self.sequence_data
+
+    def get_sequence_data_parallel_world_size(self) -> int:
+        return self.size("sequence_data")
+
+    def get_sequence_data_parallel_rank(self) -> int:
+        return self.rank_in("sequence_data")
 
     def __repr__(self) -> str:
         return f"ParallelGroups(rank {self.global_rank} of {self.dims})"

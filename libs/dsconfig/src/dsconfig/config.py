@@ -68,6 +68,11 @@ class DeepSpeedConfig:
     hybrid_engine: HybridEngineConfig = section(HybridEngineConfig, "Hybrid training/inference engine.")
     expert_parallel: ExpertParallelConfig = section(ExpertParallelConfig, "AutoEP expert parallelism.")
     pipeline: PipelineConfig = section(PipelineConfig, "Pipeline-parallel engine settings.")
+    sequence_parallel_size: int = setting(
+        1, "Ranks that split each sample's sequence (Ulysses); the batch size counts data-parallel ranks only.", ge=1)
+    seq_parallel_communication_data_type: Literal["fp32", "fp16", "bf16"] = setting(
+        "fp32", "Data type of gradient communication when sequence_parallel_size > 1 (replaces "
+                "communication_data_type then, as in DeepSpeed).")
 
     disable_python_gc: bool = setting(False, "Disable Python's cyclic GC while the engine lives.")
     steps_per_print: int = setting(10, "Print a progress report every N steps.", ge=1)

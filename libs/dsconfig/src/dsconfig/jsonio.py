@@ -32,10 +32,32 @@ from .limits import (
 _MAX_SOURCE_CHARS = MAX_TEXT_BYTES * 4 // 3 + 4
 _NUMBER_HOOKS = {"parse_int": parse_int, "parse_float": parse_float, "parse_constant": parse_constant}
 
+# Accelerate's DeepSpeedPlugin writes `steps_per_print: inf` ("never") into the dict it hands DeepSpeed. It is
+# the one non-finite value with a meaning, so it becomes a step count no run reaches; any other is refused.
+STEPS_NEVER = 2**62
+
+
+def _accelerate_idioms(source: dict) -> dict:
+    """The dict Accelerate's DeepSpeedPlugin builds, in the terms DeepSpeed reads it: `steps_per_print: inf` is
+    "never", and an offload section's `nvme_path: null` is "not given" (its default). A copy; the caller's
+    dict is left as it is."""
+    if source.get("steps_per_print") == float("inf"):
+        source = {**source, "steps_per_print": STEPS_NEVER}
+    zero = source.get("zero_optimization")
+    if isinstance(zero, dict):
+        for key in ("offload_param", "offload_optimizer"):
+            offload = zero.get(key)
+            if isinstance(offload, dict) and "nvme_path" in offload and offload["nvme_path"] is None:
+                zero = {**zero, key: {k: v for k, v in offload.items() if k != "nvme_path"}}
+        if zero is not source["zero_optimization"]:
+            source = {**source, "zero_optimization": zero}
+    return source
+
 
 def read_source(source: Any) -> tuple[dict, str | None]:
     """(raw config dict, a name for messages) from a path, a dict or a base64 string."""
     if isinstance(source, dict):
+        source = _accelerate_idioms(source)
         problems = shape_problems(source)
         if problems:
             raise ConfigError(problems)

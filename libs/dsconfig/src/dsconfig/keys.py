@@ -103,9 +103,6 @@ KNOWN_KEYS: dict[tuple[str, str], KnownKey] = {
     ("", "progressive_layer_drop"): KnownKey("unsupported", "progressive layer dropping is not part of dstrain"),
     ("", "dynamic_train"): KnownKey(
         "unsupported", "the pre-release random-LTD section; use data_efficiency.data_routing.random_ltd"),
-    ("", "sequence_parallel_size"): KnownKey("unsupported", "Ulysses sequence parallelism is not part of dstrain"),
-    ("", "seq_parallel_communication_data_type"): KnownKey(
-        "unsupported", "Ulysses sequence parallelism is not part of dstrain"),
     ("", "sparse_gradients"): KnownKey("unsupported", "sparse gradient allreduce is not part of dstrain"),
     ("", "memory_breakdown"): KnownKey("unsupported", "per-step memory breakdown printing is not part of dstrain"),
     ("", "nebula"): KnownKey("unsupported", "Nebula checkpointing is not part of dstrain"),

@@ -208,10 +208,15 @@ def expert_parallel_rules(cfg: DeepSpeedConfig) -> Iterator[Finding]:
     if not ep.enabled:
         return
     world = cfg.data_parallel_size
-    if world % ep.autoep_size:
+    autotp = cfg.tensor_parallel.autotp_size
+    # Beside AutoTP the experts may be split over the tensor-parallel ranks instead (autoep_size == autotp_size).
+    over_tensor = autotp > 1 and ep.autoep_size == autotp
+    if world % ep.autoep_size and not over_tensor:
+        valid = [d for d in range(1, world + 1) if world % d == 0] + ([autotp] if autotp > 1 else [])
         yield _error("expert_parallel.autoep_size",
-                     f"must divide the world size ({world}); valid sizes: "
-                     f"{', '.join(str(d) for d in range(1, world + 1) if world % d == 0)}", ep.autoep_size)
+                     f"must divide the data-parallel size ({world})"
+                     f"{f' or equal tensor_parallel.autotp_size ({autotp})' if autotp > 1 else ''}; valid sizes: "
+                     f"{', '.join(str(d) for d in sorted(set(valid)))}", ep.autoep_size)
     if ep.expert_tensor_parallel_size != 1:
         yield _error("expert_parallel.expert_tensor_parallel_size", "AutoEP accepts only 1",
                      ep.expert_tensor_parallel_size)
@@ -223,10 +228,6 @@ def expert_parallel_rules(cfg: DeepSpeedConfig) -> Iterator[Finding]:
             yield _error("expert_parallel.num_limited_groups",
                          f"must be <= expert_parallel.num_expert_groups ({ep.num_expert_groups})",
                          ep.num_limited_groups)
-    autotp = cfg.tensor_parallel.autotp_size
-    if autotp > 1:
-        yield _error("expert_parallel.enabled",
-                     f"AutoEP cannot be combined with AutoTP (tensor_parallel.autotp_size is {autotp})", True)
     if ep.has_shared_experts and ep.shared_experts_pattern is None and ep.preset_model is None:
         yield _error("expert_parallel.shared_experts_pattern",
                      "has_shared_experts: true needs shared_experts_pattern (or a preset_model that names it)")
@@ -244,10 +245,20 @@ def expert_parallel_rules(cfg: DeepSpeedConfig) -> Iterator[Finding]:
         yield _error("expert_parallel.combine_impl", "\"fused_weighted_sum\" needs score_apply \"post\"",
                      ep.combine_impl)
     zero = cfg.zero_optimization
-    if zero.stage == 3 and (zero.zero_hpz_partition_size > 1 or zero.zero_quantized_gradients):
-        yield _error("expert_parallel.enabled",
-                     "AutoEP with ZeRO stage 3 does not support hpZ (zero_hpz_partition_size > 1) "
-                     "or zero_quantized_gradients", True)
+    if zero.stage == 3:  # the reference's constraints on AutoEP at stage 3, each by its key
+        at_stage_3 = "AutoEP (expert_parallel.enabled) with ZeRO stage 3 runs without"
+        if autotp > 1:
+            yield _error("tensor_parallel.autotp_size", f"{at_stage_3} AutoTP; use ZeRO stage 1 or 2 beside AutoTP, "
+                                                        f"or set autotp_size to 1", autotp)
+        sequence = getattr(cfg, "sequence_parallel_size", 1)
+        if isinstance(sequence, int) and sequence > 1:
+            yield _error("sequence_parallel_size", f"{at_stage_3} sequence parallelism; set it to 1", sequence)
+        if zero.zero_hpz_partition_size > 1:
+            yield _error("zero_optimization.zero_hpz_partition_size", f"{at_stage_3} hpZ secondary groups; set it to "
+                                                                      f"1", zero.zero_hpz_partition_size)
+        if zero.zero_quantized_gradients:
+            yield _error("zero_optimization.zero_quantized_gradients", f"{at_stage_3} quantized gradients; set it to "
+                                                                       f"false", True)
 
 
 def data_efficiency_rules(cfg: DeepSpeedConfig) -> Iterator[Finding]:

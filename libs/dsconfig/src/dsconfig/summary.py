@@ -38,6 +38,8 @@ def enabled_features(cfg: DeepSpeedConfig) -> list[str]:
         features.append(f"AutoTP size {cfg.tensor_parallel.autotp_size}")
     if cfg.expert_parallel.enabled:
         features.append(f"AutoEP size {cfg.expert_parallel.autoep_size}")
+    if cfg.sequence_parallel_size > 1:
+        features.append(f"sequence parallel size {cfg.sequence_parallel_size}")
     if cfg.activation_checkpointing.partition_activations or cfg.activation_checkpointing.cpu_checkpointing:
         features.append("activation checkpointing")
     de = cfg.data_efficiency  # each technique runs from its own enabled key, as in DeepSpeed

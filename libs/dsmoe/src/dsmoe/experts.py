@@ -66,8 +66,10 @@ class Experts(nn.Module):
         return torch.cat([_first(expert(chunk)) for chunk, expert in zip(chunks, self.deepspeed_experts)], dim=1)
 
     def forward_rows(self, rows: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Local expert i on rows[i] ([tokens, model]; any number of tokens, none skipped)."""
-        return [_first(expert(part)) if part.shape[0] else part for part, expert in zip(rows, self.deepspeed_experts)]
+        """Local expert i on rows[i] ([tokens, model]; any number of tokens). Every expert runs, even on no
+        rows: whatever hooks an expert's forward sees each expert every step on every rank (ZeRO stage 3
+        gathers its weights there, a collective over the ranks holding it)."""
+        return [_first(expert(part)) for part, expert in zip(rows, self.deepspeed_experts)]
 
 
 def _first(output):

@@ -29,6 +29,14 @@ __all__ = ["MOELayer", "TopKGate", "gumbel_rsample", "multiplicative_jitter", "t
            "topkgating"]
 
 
+class GateLinear(nn.Linear):
+    """The gate's projection, in float32 whatever the model's dtype (as DeepSpeed's gate computes). Called as a
+    module, so whatever hooks a module's forward sees it (ZeRO stage 3 gathers its weight there)."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return F.linear(input.float(), self.weight.float())
+
+
 class TopKGate(nn.Module):
     """The router: a bias-free linear layer to one logit per expert, then top-1, top-2 or top-k gating
     in float32. forward() returns DeepSpeed's (l_aux, combine_weights, dispatch_mask, exp_counts);
@@ -46,7 +54,7 @@ class TopKGate(nn.Module):
         if noisy_gate_policy == "RSample" and k > 1:
             warnings.warn(f"noisy_gate_policy='RSample' applies to top-1 gates only; this gate is top-{k} and "
                           f"routes without it (as DeepSpeed's does)", stacklevel=3)
-        self.wg = nn.Linear(model_dim, num_experts, bias=False)
+        self.wg = GateLinear(model_dim, num_experts, bias=False)
         self.ep_group = ep_group
         self.num_experts = num_experts
         self.k = k
@@ -83,7 +91,7 @@ class TopKGate(nn.Module):
         features = input.float()
         if self.noisy_gate_policy == "Jitter" and self.training:
             features = multiplicative_jitter(features, self.generator)
-        logits = F.linear(features, self.wg.weight.float())
+        logits = self.wg(features)
         # Read only after the routing below, which waits for the device anyway (its nonzero): no extra sync.
         finite = torch.isfinite(logits).all()
         grouped = self.ep_group is not None and dist.get_world_size(self.ep_group) > 1

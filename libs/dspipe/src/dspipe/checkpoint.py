@@ -6,9 +6,11 @@ The files are written by a checkpoint engine, as in DeepSpeed: any object with `
 and `load(path) -> state_dict` (and optionally `suffix`, default ".pt"). dspipe depends on no file
 format; dstrain passes one over dsaio's safetensors files (never unpickled).
 
-Data rank 0 (tensor rank 0) of each stage writes that stage's layers; every rank reads its own. A
-tied module is written under each layer index that uses it, and after a load the copies are made
-equal from the lowest rank holding one, as at start.
+Data rank 0 of each stage writes that stage's layers; every rank reads its own. When the layout has
+tensor-parallel ranks, each holds its own cut of a layer, so data rank 0 of every tensor rank writes
+its cut, named as DeepSpeed names it (`layer_XX-model_YY-model_states<suffix>`, YY the tensor rank),
+and each tensor rank reads its own. A tied module is written under each layer index that uses it,
+and after a load the copies are made equal from the lowest rank holding one, as at start.
 """
 
 from __future__ import annotations
@@ -34,9 +36,18 @@ class CheckpointEngine(Protocol):
     def load(self, path: Path) -> dict[str, torch.Tensor]: ...
 
 
-def layer_file(directory: Any, layer_idx: int, engine: Any = None) -> Path:
-    """`directory/layer_XX-model_states<suffix>` (DeepSpeed's name; the suffix is the engine's)."""
-    return Path(directory) / f"layer_{layer_idx:02d}-model_states{getattr(engine, 'suffix', '.pt')}"
+def layer_file(directory: Any, layer_idx: int, engine: Any = None, tensor_rank: int | None = None) -> Path:
+    """`directory/layer_XX-model_states<suffix>`, or `layer_XX-model_YY-model_states<suffix>` for tensor rank YY
+    of a tensor-parallel layout (DeepSpeed's names; the suffix is the engine's)."""
+    model = "" if tensor_rank is None else f"-model_{tensor_rank:02d}"
+    return Path(directory) / f"layer_{layer_idx:02d}{model}-model_states{getattr(engine, 'suffix', '.pt')}"
+
+
+def module_layer_file(module: PipelineModule, directory: Any, layer_idx: int, engine: Any = None) -> Path:
+    """The file `module`'s rank writes and reads for layer `layer_idx` (its tensor rank's cut, when the
+    layout has tensor-parallel ranks)."""
+    tensor_rank = module.dims.coords(module.global_rank).tensor if module.dims.tensor > 1 else None
+    return layer_file(directory, layer_idx, engine, tensor_rank)
 
 
 def _engine(engine: Any, what: str) -> CheckpointEngine:
@@ -47,9 +58,8 @@ def _engine(engine: Any, what: str) -> CheckpointEngine:
 
 
 def writes_layers(module: PipelineModule) -> bool:
-    """Whether this rank writes its stages' layer files (one writer per stage)."""
-    coords = module.dims.coords(module.global_rank)
-    return coords.data == 0 and coords.tensor == 0
+    """Whether this rank writes its stages' layer files (one writer per stage and tensor rank)."""
+    return module.dims.coords(module.global_rank).data == 0
 
 
 def save_layers(module: PipelineModule, directory: Any, engine: Any, *,
@@ -69,7 +79,7 @@ def save_layers(module: PipelineModule, directory: Any, engine: Any, *,
         if exclude_frozen_params:
             frozen = {name for name, p in layer.named_parameters() if not p.requires_grad}
             state = {k: v for k, v in state.items() if k not in frozen}
-        path = layer_file(directory, index, engine)
+        path = module_layer_file(module, directory, index, engine)
         engine.save({k: v.detach().contiguous() for k, v in state.items()}, path)
         written.append(path)
     return written
@@ -83,7 +93,7 @@ def load_layers(module: PipelineModule, directory: Any, engine: Any, *, strict: 
         layer = _state_holder(func)
         if layer is None:
             continue
-        path = layer_file(directory, index, engine)
+        path = module_layer_file(module, directory, index, engine)
         if not path.is_file():
             saved = sorted(p.name for p in directory.glob("layer_*-model_states*")) if directory.is_dir() else []
             raise PipelineError(f"rank {module.global_rank}: no weights for layer {index} ({path.name}) in {directory}; "

@@ -267,7 +267,8 @@ class PipelineModule(nn.Module):
 
     def save_state_dict(self, save_dir: Any, checkpoint_engine: Any, exclude_frozen_params: bool = False) -> None:
         """One file per layer, `layer_XX-model_states<suffix>`, written through `checkpoint_engine` (an
-        object with save(state_dict, path) and load(path)) by data rank 0 of each stage."""
+        object with save(state_dict, path) and load(path)) by data rank 0 of each stage; with tensor-parallel
+        ranks, one per layer and tensor rank, `layer_XX-model_YY-model_states<suffix>` (DeepSpeed's names)."""
         from .checkpoint import save_layers
 
         save_layers(self, save_dir, checkpoint_engine, exclude_frozen_params=exclude_frozen_params)

@@ -6,9 +6,11 @@ section, and Domino's communication hiding (tp_overlap_comm).
     tp = dstp.parallelize(model, groups.tensor, plan)          # cut in place, layers swapped
 """
 
+from . import ops  # registers torch.ops.dstp.* (the autotp pass's graph operators)
 from ._version import __version__
 from .apply import TensorParallelModel, parallelize, param_infos, plan_for, state_of
 from .comm import CommClock, TensorGroup
+from .compiled import defer_collectives_to_compiler, restore_collectives
 from .errors import TensorParallelError
 from .geometry import ModelGeometry
 from .hf_plan import specs_from_hf_plan
@@ -38,12 +40,15 @@ __all__ = [
     "VocabParallelCausalLMLoss",
     "__version__",
     "build_plan",
+    "defer_collectives_to_compiler",
     "merge_shards",
+    "ops",
     "parallelize",
     "param_infos",
     "plan_for",
     "preset_specs",
     "resolve_specs",
+    "restore_collectives",
     "shard_tensor",
     "specs_from_config",
     "specs_from_hf_plan",

@@ -10,7 +10,9 @@ from __future__ import annotations
 import copy
 import inspect
 import logging
+import re
 import types
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +29,7 @@ from .overlap import batch_size, merge_batch, split_batch
 from .plan import ParamInfo, TensorParallelPlan, build_plan
 from .rules import resolve_specs
 from .shard import shard_tensor
+from .specs import LayerSpec
 from .vocab import VocabParallelCausalLMLoss
 
 _log = logging.getLogger("dstp")
@@ -80,11 +83,19 @@ def param_infos(model: nn.Module) -> list[ParamInfo]:
 
 
 def plan_for(model: nn.Module, tp_size: int, *, preset_model: str | None = None, partition_config: Any = None,
-             vocab_parallel_lm_head: bool = False) -> TensorParallelPlan:
-    """The plan for `model` from the config's keys (see rules.resolve_specs), without changing it."""
+             vocab_parallel_lm_head: bool = False, params: list[ParamInfo] | None = None,
+             keep_whole: Sequence[str] = (), keep_whole_why: str = "kept whole") -> TensorParallelPlan:
+    """The plan for `model` from the config's keys (see rules.resolve_specs), without changing it. `params`:
+    the parameters to plan (default: param_infos(model)); a pipeline stage plans every stage's, so that its
+    plan is the whole model's and a rule is checked against every parameter it may match. `keep_whole`:
+    module names whose parameters stay whole before any rule applies (what another parallelism places:
+    AutoEP's experts and routers), `keep_whole_why` saying so in the plan."""
     geometry = ModelGeometry.from_config(getattr(model, "config", None))
     specs, source, notes = resolve_specs(preset_model, partition_config, geometry)
-    plan = build_plan(param_infos(model), specs, tp_size, geometry, source=source,
+    if keep_whole:
+        pattern = "(?:" + "|".join(re.escape(name) for name in keep_whole) + r")\..+"
+        specs = [LayerSpec(patterns=(pattern,), partition_type="skip", source=keep_whole_why), *specs]
+    plan = build_plan(param_infos(model) if params is None else params, specs, tp_size, geometry, source=source,
                       vocab_parallel_lm_head=vocab_parallel_lm_head)
     plan.notes += notes
     return plan
@@ -95,7 +106,8 @@ def parallelize(model: nn.Module, group: Any, plan: TensorParallelPlan | None = 
                 vocab_parallel_lm_head: bool = False) -> TensorParallelModel:
     """Cut `model` over the tensor-parallel process group `group` by `plan` (default: plan_for(...) at the
     group's size). Parameters keep their identity (their data becomes the shard) and are tagged with
-    dscomm.TENSOR_PARALLEL_ATTR; untagged ones are replicated over the group."""
+    dscomm.TENSOR_PARALLEL_ATTR; untagged ones are replicated over the group. The plan may name parameters
+    the model does not hold (a pipeline stage's plan is the whole pipeline's): those are left alone."""
     if getattr(model, STATE_ATTR, None) is not None:
         raise TensorParallelError("the model is already tensor-parallel (parallelize() ran on it before)")
     tensor_group = TensorGroup(group, overlap=tp_overlap_comm)
@@ -115,9 +127,10 @@ def parallelize(model: nn.Module, group: Any, plan: TensorParallelPlan | None = 
     _refuse_shared_rotary_keys(model, plan)
     state.handles += _localize_attention(model, plan, tensor_group)
     state.handles += _gradient_sums(model, plan, tensor_group)
-    if any(p.kind == "vocab" for p in plan.params.values()):
-        head = next(p for p in plan.params.values() if p.kind == "vocab")
-        _install_vocab_loss(model, head.name, tensor_group)
+    held = dict(model.named_parameters())
+    heads = [p for p in plan.params.values() if p.kind == "vocab" and p.name in held]
+    if heads:
+        _install_vocab_loss(model, heads[0].name, tensor_group)
     if tp_overlap_comm:
         state.overlap_body = _install_overlap(model, tensor_group)
     object.__setattr__(model, STATE_ATTR, state)

@@ -47,6 +47,14 @@ class TensorGroup:
         self.clock = CommClock()
         self.overlap = HalfBatchOverlap() if overlap else None
         self._shared_inputs: dict[Any, tuple[Any, torch.Tensor]] = {}
+        # True while a compiler emits the region boundaries itself (DeepCompile's autotp pass: ops.py):
+        # the layers then leave their inputs and outputs as they are.
+        self.in_graph = False
+
+    @property
+    def group_name(self) -> str:
+        """The name under which dstp's graph operators (ops.py) find this process group."""
+        return (self.group if self.group is not None else dist.group.WORLD).group_name
 
     # ------------------------------------------------------------------ blocking and asynchronous all-reduce
     def all_reduce(self, tensor: torch.Tensor, log_name: str = "tp_all_reduce") -> None:
@@ -71,7 +79,7 @@ class TensorGroup:
     def copy_to_region(self, x: torch.Tensor) -> torch.Tensor:
         """Enter a column-parallel region. Consecutive layers fed the same tensor (q, k and v; gate and
         up) share one entry, so their input gradients are summed before one all-reduce."""
-        if self.size == 1 or not (torch.is_grad_enabled() and x.requires_grad):
+        if self.size == 1 or self.in_graph or not (torch.is_grad_enabled() and x.requires_grad):
             return x
         key = self.overlap.current_half() if self.overlap is not None else None
         cached = self._shared_inputs.get(key)
@@ -90,7 +98,7 @@ class TensorGroup:
 
     def reduce_from_region(self, y: torch.Tensor) -> torch.Tensor:
         """Leave a row-parallel region: sum the partial outputs over the group (in place)."""
-        if self.size == 1:
+        if self.size == 1 or self.in_graph:
             return y
         # The gradient passes through unchanged, so the sum runs on the data outside autograd.
         if self.in_halves():

@@ -21,6 +21,7 @@ from .fragments import (
     safe_set_full_fp32_param,
 )
 from .held import HeldParameters
+from .inference import ZeroInference
 from .init import Init
 from .layout import GroupLayout, Slot
 from .offload.resources import check_offload_resources
@@ -28,6 +29,7 @@ from .optimizer import ZeroOptimizer
 from .precision import DynamicLossScaler, LossScaler, Precision
 from .quantize import QuantSpec
 from .stage3 import GatheredParameters
+from .status import ZeroParamStatus
 from .whole_tensors import TensorShards, WholeTensor
 from .zeropp import ZeroPPSettings
 
@@ -46,8 +48,10 @@ __all__ = [
     "WholeTensor",
     "ZeroConfigError",
     "ZeroError",
+    "ZeroInference",
     "ZeroOptimizer",
     "ZeroPPSettings",
+    "ZeroParamStatus",
     "__version__",
     "check_offload_resources",
     "convert_zero_checkpoint_to_fp32_state_dict",

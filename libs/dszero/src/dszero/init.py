@@ -12,6 +12,10 @@ its shards of the rest. `nn.MultiheadAttention` writes its child projection's we
 `__init__`, so its children are partitioned when it finishes. A module that writes into its
 children's parameters after building them must do so inside
 `dszero.GatheredParameters(child.parameters(), modifier_rank=0)`.
+
+Given a DeepSpeed config (or a `dtype`), the context also makes torch's tensor constructors build
+floating-point tensors in the training dtype (the config's bf16 / fp16, float32 otherwise), as DeepSpeed's
+does; see partition_parameters.py.
 """
 
 from __future__ import annotations
@@ -46,14 +50,19 @@ class Init:
     config_dict_or_path / config: a DeepSpeed config (dict, JSON path, dsconfig.DeepSpeedConfig) or a
         dsconfig.ZeroConfig, read for offload_param.
     enabled: False makes the context do nothing.
-    dtype: cast floating-point parameters to this dtype before partitioning them.
+    dtype: cast floating-point parameters to this dtype before partitioning them, and make floating-point
+        tensors in it while the context is active. Default: with a full DeepSpeed config, its bf16 / fp16
+        (float32 when neither is on), as DeepSpeed; otherwise None (dtypes stay as built).
+    tensor_overrides: which of "dtype" and "device" the constructors override (DeepSpeed's
+        DeepSpeedTensorOverride names); constructors keep torch's default device here (the engine moves the
+        module), so only "dtype" changes anything.
     mem_efficient_linear: accepted for compatibility; linear layers need nothing special here.
     """
 
     def __init__(self, module: torch.nn.Module | None = None, data_parallel_group: Any = None,
                  mem_efficient_linear: bool = True, remote_device: str | None = None, pin_memory: bool = False,
                  config_dict_or_path: Any = None, config: Any = None, enabled: bool = True,
-                 dtype: torch.dtype | None = None, mpu: Any = None):
+                 dtype: torch.dtype | None = None, mpu: Any = None, tensor_overrides: Any = ("dtype", "device")):
         self.enabled = enabled
         self.dtype = dtype
         if not enabled:
@@ -65,8 +74,12 @@ class Init:
         self.group = data_parallel_group if data_parallel_group is not None else dscomm.groups.get_data_parallel_group()
         self.world = dist.get_world_size(self.group)
         self.rank = dist.get_rank(self.group)
-        zero = _zero_config(config_dict_or_path if config_dict_or_path is not None else config)
-        self.homes = ParamHomes(_offload(zero, remote_device, pin_memory), dist.get_rank(), None)
+        zero, config_dtype = _read_config(config_dict_or_path if config_dict_or_path is not None else config)
+        if self.dtype is None:
+            self.dtype = config_dtype
+        self._overrides = {getattr(item, "name", item) for item in tensor_overrides}
+        self._restore_constructors: Any = None
+        self.homes = ParamHomes(param_offload(zero, remote_device, pin_memory), dist.get_rank(), None)
         self._patched: list[tuple[type, Any]] = []
         self._building: list[torch.nn.Module] = []
         self._depth: dict[int, int] = {}
@@ -89,6 +102,10 @@ class Init:
                 super(torch.nn.Module, cls).__init_subclass__(**kwargs)
                 context._wrap(cls)
             torch.nn.Module.__init_subclass__ = classmethod(init_subclass)
+            if self.dtype is not None and "dtype" in self._overrides:
+                from .partition_parameters import override_constructors  # it imports this module
+
+                self._restore_constructors = override_constructors(self.dtype, None)
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -104,6 +121,9 @@ class Init:
             del torch.nn.Module.__init_subclass__
         else:
             torch.nn.Module.__init_subclass__ = self._original_init_subclass
+        if self._restore_constructors is not None:
+            self._restore_constructors()
+            self._restore_constructors = None
 
     def _wrap(self, cls: type) -> None:
         original = cls.__dict__.get("__init__")
@@ -171,19 +191,29 @@ def _subclasses(cls: type) -> list[type]:
     return found
 
 
-def _zero_config(source: Any) -> ZeroConfig | None:
+_SECTIONS = ("zero_optimization", "bf16", "bfloat16", "fp16")
+
+
+def _read_config(source: Any) -> tuple[ZeroConfig | None, torch.dtype | None]:
+    """(the ZeRO section, the training dtype) of a config: a dsconfig.ZeroConfig (no dtype), a
+    dsconfig.DeepSpeedConfig, a dict or a JSON path. "auto" values (Hugging Face's) are left as they are."""
     if source is None or isinstance(source, ZeroConfig):
-        return source
-    if hasattr(source, "zero_optimization"):
-        return source.zero_optimization
-    import dsconfig
+        return source, None
+    if not hasattr(source, "zero_optimization"):
+        import dsconfig
 
-    if isinstance(source, (str, Path)):
-        source = json.loads(Path(source).read_text())
-    return dsconfig.load(source, strict=False).zero_optimization
+        if isinstance(source, (str, Path)):
+            source = json.loads(Path(source).read_text())
+        # Only the sections Init reads: the batch triple and the rest belong to the engine, and may not be
+        # complete yet (Hugging Face builds the model before the Trainer knows the world size).
+        read = {key: source[key] for key in _SECTIONS if key in source}
+        source = dsconfig.load(read, strict=False)
+    bf16, fp16 = source.bf16.enabled is True, source.fp16.enabled is True  # dsconfig refuses both at once
+    return source.zero_optimization, torch.bfloat16 if bf16 else torch.float16 if fp16 else torch.float32
 
 
-def _offload(zero: ZeroConfig | None, remote_device: str | None, pin_memory: bool) -> OffloadParamConfig | None:
+def param_offload(zero: ZeroConfig | None, remote_device: str | None, pin_memory: bool) -> OffloadParamConfig | None:
+    """The offload_param section that places the shards: remote_device ("cpu", "nvme") over the config's own."""
     configured = zero.offload_param if zero is not None else None
     device = remote_device or (configured.device if configured is not None else "none")
     if device in ("none", None):

@@ -141,7 +141,9 @@ class ZeroOptimizer:
                                   master_device=torch.device("cpu") if self.offload else None,
                                   pin_master=bool(self.offload and offload.pin_memory),
                                   own_master=self.offload,  # offloaded masters get their own host buffers
-                                  grad_dtype=grad_accum_dtype, wire_dtype=communication_dtype)
+                                  grad_dtype=grad_accum_dtype, wire_dtype=communication_dtype,
+                                  group_settings=[{"group": g["group"], "average_over": g["average_over"]}
+                                                  for g in self._group_settings])
             self.groups = self.reducer.units
             # norm_replicas needs no group of its own: each unit counts its replicas in the norm (tensor parallel).
             unit_of = {id(unit.master_param): unit for unit in self.groups}
@@ -205,9 +207,6 @@ class ZeroOptimizer:
                 value = taken.get(key)
                 if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                     raise ZeroError(f"optimizer param group {index}: {key} = {value!r} must be a positive integer")
-            if self.stage == 3 and group is not self.process_group:
-                raise ZeroConfigError(f"optimizer param group {index} has its own process_group, which stage 3 does "
-                                      f"not support yet (its units are partitioned over one group); use stage 1 or 2")
             settings.append({"group": group, "average_over": taken.get("gradient_average_over"),
                              "norm_replicas": taken.get("norm_replicas", 1)})
         return settings

@@ -30,6 +30,7 @@ from .offload.pinned import host_copy
 from .ordered import InOrderLauncher, weakly
 from .prefetch import ABSENT, BUSY, KEPT, PrefetchPlan
 from .reuse import ReusePolicy
+from .status import ZeroParamStatus, next_param_id
 from .wire import gather_shards, reduce_scatter
 
 # The embedding's input (token ids) never requires grad, so torch notes that its backward pre-hook
@@ -49,6 +50,7 @@ class Unit:
     """
 
     routes: Any = None  # ZeRO++ (zeropp/): how forward/backward gathers travel; None: the plain all-gather
+    average_over: int | None = None  # what the unit's summed gradient is divided by (None: its group's size)
 
     tally: list[int] | None = None  # Stage3's running count of gathered partitioned elements (max_live_parameters)
     _gathered = False
@@ -63,6 +65,14 @@ class Unit:
         if value != self._gathered and self.tally is not None and not self.persistent:
             self.tally[0] += self.layout.padded_numel if value else -self.layout.padded_numel
         self._gathered = value
+        self._publish_status()
+
+    def _publish_status(self) -> None:
+        """DeepSpeed's param.ds_status on every parameter of the unit (status.py)."""
+        status = (ZeroParamStatus.NOT_AVAILABLE if not self._gathered else
+                  ZeroParamStatus.INFLIGHT if getattr(self, "pending", None) is not None else ZeroParamStatus.AVAILABLE)
+        for param in self.params:
+            param.ds_status = status
 
     def __init__(self, module: torch.nn.Module, params: list[torch.nn.Parameter], names: list[str], world: int,
                  rank: int, master_dtype: torch.dtype, persistent: bool, group: Any, homes: Any = None,
@@ -108,6 +118,8 @@ class Unit:
         for param, slot in zip(params, self.layout.slots):
             param._dszero_unit = self  # lets GatheredParameters find the unit of any parameter
             param.ds_shape, param.ds_numel = slot.shape, slot.numel  # DeepSpeed's names, for user code
+            if not hasattr(param, "ds_id"):  # kept when a stage-3 optimizer takes over dszero.Init's unit
+                param.ds_id = next_param_id()
         self.gathered = True
         self.pending: Any = None  # the handles of an asynchronous (prefetch) gather still in flight
         self.gather_count = 0  # all-gathers done, for tests and reports
@@ -159,6 +171,7 @@ class Unit:
         self.pending.wait()
         self.pending = None
         self.home.done()  # the shard's fetched copy (an NVMe read buffer) may go only now
+        self._publish_status()
 
     def release(self) -> None:
         if self.pending is not None:
@@ -235,9 +248,12 @@ class Stage3:
                  persistence_threshold: int, average: bool, homes: Any = None, reuse: ReusePolicy | None = None,
                  master_device: torch.device | None = None, pin_master: bool = False, own_master: bool = False,
                  prefetch: PrefetchPlan | None = None, grad_dtype: torch.dtype | None = None,
-                 wire_dtype: torch.dtype | None = None):
+                 wire_dtype: torch.dtype | None = None, group_settings: list[dict[str, Any]] | None = None):
         """grad_dtype: what each unit's gradient shard accumulates in (None: the model's dtype); wire_dtype:
-        what gradients are reduce-scattered in (communication_data_type; None: the model's dtype)."""
+        what gradients are reduce-scattered in (communication_data_type; None: the model's dtype);
+        group_settings: per optimizer group, the process group its units are partitioned and reduced over
+        ("group", default `group`) and what their summed gradients are divided by ("average_over", default
+        that group's size): experts over their expert-data group, divided by the data-parallel size."""
         self.group = group
         self.grad_dtype = grad_dtype
         self.wire_dtype = wire_dtype
@@ -276,8 +292,12 @@ class Stage3:
             for index in sorted({group_of[id(p)] for p in own}):
                 params = [p for p in own if group_of[id(p)] == index]
                 numel = sum(full_numel(p) for p in params)
-                unit = Unit(submodule, params, [names[id(p)] for p in params], self.world, self.rank, master_dtype,
-                            numel < persistence_threshold, group, homes, master_device, pin_master, own_master)
+                settings = (group_settings or {})[index] if group_settings else {}
+                unit_group = settings.get("group", group)
+                unit = Unit(submodule, params, [names[id(p)] for p in params], dist.get_world_size(unit_group),
+                            dist.get_rank(unit_group), master_dtype, numel < persistence_threshold, unit_group,
+                            homes, master_device, pin_master, own_master)
+                unit.average_over = settings.get("average_over")
                 if grad_dtype not in (None, unit.dtype):
                     unit.grad_shard = unit.grad_shard.to(grad_dtype)
                 unit.tally = self.live  # from here on its gathers and releases are counted
@@ -436,15 +456,18 @@ class Stage3:
             if param.grad is not None:
                 flat[slot.offset:slot.end].copy_(param.grad.reshape(-1))
                 param.grad = None
-        if self.world > 1:
+        world = unit.layout.world_size
+        divisor = (unit.average_over or world) if self.average else 1
+        averaged = self.average and divisor == world  # the collective averages over its own ranks
+        if world > 1:
             out = torch.empty(unit.grad_shard.numel(), dtype=flat.dtype, device=flat.device)
-            if self.routes is not None:
-                unit.grad_shard.add_(self.routes.reduce_scatter(unit, out, flat, average=self.average))
+            if self.routes is not None and unit.group is self.group:  # ZeRO++ routes over the data-parallel group
+                flat = self.routes.reduce_scatter(unit, out, flat, average=averaged)
             else:
-                unit.grad_shard.add_(reduce_scatter(out, flat, self.group, average=self.average,
-                                                    log_name="zero3_reduce_scatter"))
-        else:
-            unit.grad_shard.add_(flat)
+                flat = reduce_scatter(out, flat, unit.group, average=averaged, log_name="zero3_reduce_scatter")
+        if divisor != 1 and not averaged:  # experts: summed over their group, divided by the data-parallel size
+            flat.div_(divisor)
+        unit.grad_shard.add_(flat)
         unit.release()
         self.reuse.released(id(unit))
         self.in_backward.discard(id(unit))

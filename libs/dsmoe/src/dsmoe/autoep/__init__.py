@@ -9,7 +9,7 @@ correction bias, renormalisation, scaling), tokens exchanged with an exact-split
 this rank's experts computed by torch._grouped_mm, a Triton grouped GEMM or a per-expert loop.
 """
 
-from .apply import apply, autoep_layers
+from .apply import apply, autoep_layers, placed_modules
 from .checkpoint import (
     full_expert_state_dict,
     global_expert_states,
@@ -37,6 +37,7 @@ __all__ = [
     "global_expert_states",
     "grouped_matmul",
     "load_global_expert_states",
+    "placed_modules",
     "route",
     "stacked_expert_weights",
 ]

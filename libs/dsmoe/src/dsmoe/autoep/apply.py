@@ -55,16 +55,22 @@ class Plan:
 
 
 def apply(model: nn.Module, config: ExpertParallelConfig, ep_group: Any = None, *, model_config: Any = None,
-          backend: str | None = None) -> list[str]:
+          backend: str | None = None, replicated_tokens: bool = False, require_blocks: bool = True) -> list[str]:
     """Replace every MoE block of `model` (in place) by an expert-parallel AutoEPLayer over `ep_group`
     (autoep_size ranks; None at autoep_size 1). Returns the replaced modules' names. `backend` forces
-    the expert compute ("loop", "grouped_mm", "triton"); by default it follows use_grouped_mm."""
+    the expert compute ("loop", "grouped_mm", "triton"); by default it follows use_grouped_mm.
+    `replicated_tokens`: every rank of ep_group holds the same tokens (AutoTP's tensor group), so no token
+    is exchanged: each rank computes its experts' share and the shares are summed (replicated.py).
+    `require_blocks=False`: a model without MoE blocks is left as it is (a pipeline stage whose layers hold
+    none; the caller checks that some stage does)."""
     if not config.enabled:
         return []
     _check_reserved(config)
     hf_config = model_config if model_config is not None else getattr(model, "config", None)
     plan = _plan(model, config, hf_config)
     blocks = _find_blocks(model, plan)
+    if not blocks and not require_blocks:
+        return []
     if not blocks:
         raise MoEError(f"{KEY}: no module matches moe_layer_pattern {plan.pattern!r} with children "
                        f"{plan.names.router!r} (router_pattern) and {plan.names.experts!r} (expert_pattern) "
@@ -81,7 +87,8 @@ def apply(model: nn.Module, config: ExpertParallelConfig, ep_group: Any = None, 
         chosen = choose_backend(config.use_grouped_mm, config.disable_triton_grouped_mm, w1.device, w1.dtype, dims,
                                 backend)
         mark_expert_parameters(local, f"ep_size_{ep_size}")  # dsmoe's tags: param groups, ZeRO keys, checkpoints
-        layer = AutoEPLayer(block, names, spec, local, ep_group, ep_size, plan.score_apply, plan.combine_impl, chosen)
+        layer = AutoEPLayer(block, names, spec, local, ep_group, ep_size, plan.score_apply, plan.combine_impl, chosen,
+                            replicated_tokens=replicated_tokens)
         layer.layer_name = name
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, child, layer)
@@ -91,6 +98,16 @@ def apply(model: nn.Module, config: ExpertParallelConfig, ep_group: Any = None, 
 
 def autoep_layers(module: nn.Module) -> list[tuple[str, AutoEPLayer]]:
     return [(name, m) for name, m in module.named_modules() if isinstance(m, AutoEPLayer)]
+
+
+def placed_modules(model: nn.Module, config: ExpertParallelConfig, *, model_config: Any = None) -> list[str]:
+    """The modules apply() would place (each MoE block's experts and router), by name, without changing the
+    model: what a tensor-parallel plan keeps whole when AutoEP runs beside it."""
+    if not config.enabled:
+        return []
+    plan = _plan(model, config, model_config if model_config is not None else getattr(model, "config", None))
+    return [f"{name}.{child}" for name, _ in _find_blocks(model, plan) for child in (plan.names.experts,
+                                                                                   plan.names.router)]
 
 
 # ------------------------------------------------------------------------------------------ plan

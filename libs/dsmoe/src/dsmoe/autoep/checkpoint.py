@@ -8,7 +8,7 @@ full name (`model.layers.0.mlp.experts.gate_up_proj`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 import torch.distributed as dist
@@ -32,20 +32,34 @@ def expert_state_names(module: nn.Module) -> set[str]:
     return {key for name, layer in autoep_layers(module) for key in stacked_expert_weights(name, layer)}
 
 
-def global_expert_states(module: nn.Module) -> dict[str, dict[str, torch.Tensor]]:
+def layer_numbers(module: nn.Module, layer_ids: Mapping[str, int] | None = None) -> list[tuple[int, str, AutoEPLayer]]:
+    """(layer id, name, layer) of every AutoEP layer: `layer_ids[name]` (a pipeline stage numbers its layers in
+    the whole model's order), or its place in module order."""
+    layers = autoep_layers(module)
+    if layer_ids is None:
+        return [(index, name, layer) for index, (name, layer) in enumerate(layers)]
+    unnumbered = [name for name, _ in layers if name not in layer_ids]
+    if unnumbered:
+        raise MoEError(f"AutoEP layer(s) {unnumbered[:3]} have no layer id (layer_ids names {sorted(layer_ids)[:3]})")
+    return [(layer_ids[name], name, layer) for name, layer in layers]
+
+
+def global_expert_states(module: nn.Module, layer_ids: Mapping[str, int] | None = None
+                         ) -> dict[str, dict[str, torch.Tensor]]:
     """{file name: {stacked weight's name: that expert's slice}} for every expert this rank holds."""
     files = {}
-    for layer_id, (name, layer) in enumerate(autoep_layers(module)):
+    for layer_id, name, layer in layer_numbers(module, layer_ids):
         stacked = stacked_expert_weights(name, layer)
         for local, expert in enumerate(layer.local_experts.global_expert_ids()):
             files[expert_file_name(layer_id, expert)] = {key: p.detach()[local] for key, p in stacked.items()}
     return files
 
 
-def load_global_expert_states(module: nn.Module, read: Callable[[str], dict[str, torch.Tensor]]) -> None:
+def load_global_expert_states(module: nn.Module, read: Callable[[str], dict[str, torch.Tensor]],
+                              layer_ids: Mapping[str, int] | None = None) -> None:
     """Copy each local expert's slices from `read(file name)` (saved at any autoep_size)."""
     with torch.no_grad():
-        for layer_id, (name, layer) in enumerate(autoep_layers(module)):
+        for layer_id, name, layer in layer_numbers(module, layer_ids):
             stacked = stacked_expert_weights(name, layer)
             for local, expert in enumerate(layer.local_experts.global_expert_ids()):
                 file = expert_file_name(layer_id, expert)

@@ -25,6 +25,7 @@ from ..all_to_all import all_to_all, exchange_counts
 from ..checks import non_finite_message
 from ..errors import MoEError
 from .grouped import expert_mlp, grouped_mm_fits
+from .replicated import enter_shares, sum_shares
 from .routing import RoutingSpec, route
 
 
@@ -61,15 +62,27 @@ class LocalExperts(nn.Module):
     def global_expert_ids(self) -> range:
         return range(self.first_expert, self.first_expert + self.num_local)
 
+    def forward(self, rows: torch.Tensor, sizes: list[int], names: BlockNames, backend: str) -> torch.Tensor:
+        """The MLP of each local expert over its rows (sizes[e] rows for local expert e, expert-major). A module
+        call, so whatever hooks a module's forward (ZeRO stage 3 gathers and releases its weights) sees it."""
+        w1, w2 = getattr(self, names.w1), getattr(self, names.w2)
+        w3 = getattr(self, names.w3) if names.w3 is not None else None
+        if backend == "grouped_mm" and not grouped_mm_fits(rows.dtype, [rows.shape[1], *w1.shape[1:], *w2.shape[1:]]):
+            backend = "loop"  # cast since apply() (e.g. to bf16 by the engine) to a dtype whose rows are not 16-byte aligned
+        return expert_mlp(rows, sizes, w1, w2, w3, self.in_out, self.act_fn, backend)
+
 
 class AutoEPLayer(nn.Module):
     def __init__(self, block: nn.Module, names: BlockNames, spec: RoutingSpec, experts: LocalExperts,
-                 ep_group: Any, ep_size: int, score_apply: str, combine_impl: str, backend: str) -> None:
+                 ep_group: Any, ep_size: int, score_apply: str, combine_impl: str, backend: str,
+                 replicated_tokens: bool = False) -> None:
         super().__init__()
         self.names = names
         self.spec = spec
         self.ep_group = ep_group
         self.ep_size = ep_size
+        # Every rank of ep_group holds the same tokens (the tensor-parallel group): shares summed, no exchange.
+        self.replicated_tokens = replicated_tokens
         self.score_apply = score_apply
         self.combine_impl = combine_impl
         self.backend = backend
@@ -96,7 +109,8 @@ class AutoEPLayer(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"experts={self.spec.num_experts}, top_k={self.spec.top_k}, ep_size={self.ep_size}, "
-                f"backend={self.backend!r}, score_apply={self.score_apply!r}")
+                f"backend={self.backend!r}, score_apply={self.score_apply!r}"
+                f"{', tokens replicated over the group' if self.replicated_tokens else ''}")
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         shape = hidden_states.shape
@@ -119,6 +133,8 @@ class AutoEPLayer(nn.Module):
         return y.view(shape)
 
     def _routed(self, x: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor, check: _Check) -> torch.Tensor:
+        if self.replicated_tokens and self.ep_size > 1:
+            return self._shares(x, weights, indices, check)
         tokens, top_k = indices.shape
         flat = indices.reshape(-1)
         order = torch.argsort(flat, stable=True)  # token copies expert-major
@@ -140,13 +156,32 @@ class AutoEPLayer(nn.Module):
         return (per_copy.float() * weights.unsqueeze(-1)).sum(dim=1).to(x.dtype)
 
     def _experts(self, rows: torch.Tensor, sizes: list[int]) -> torch.Tensor:
-        experts, names = self.local_experts, self.names
-        w1, w2 = getattr(experts, names.w1), getattr(experts, names.w2)
-        w3 = getattr(experts, names.w3) if names.w3 is not None else None
-        backend = self.backend
-        if backend == "grouped_mm" and not grouped_mm_fits(rows.dtype, [rows.shape[1], *w1.shape[1:], *w2.shape[1:]]):
-            backend = "loop"  # cast since apply() (e.g. to bf16 by the engine) to a dtype whose rows are not 16-byte aligned
-        return expert_mlp(rows, sizes, w1, w2, w3, experts.in_out, experts.act_fn, backend)
+        return self.local_experts(rows, sizes, self.names, self.backend)
+
+    def _shares(self, x: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor, check: _Check) -> torch.Tensor:
+        """Tokens replicated over the group (replicated.py): this rank's experts' share of every token's output,
+        summed over the group."""
+        tokens, top_k = indices.shape
+        local = self.local_experts
+        first, count = local.first_expert, local.num_local
+        x, weights = enter_shares(x, self.ep_group), enter_shares(weights, self.ep_group)
+        flat = indices.reshape(-1)
+        order = torch.argsort(flat, stable=True)  # token copies expert-major
+        counts = torch.bincount(flat, minlength=self.spec.num_experts)
+        host = torch.cat([counts, check.finite.view(1).to(counts.dtype)]).tolist()  # the layer's one host sync
+        check.verify([host[-1]])  # the logits are the same on every rank of the group
+        start = sum(host[:first])
+        mine = order[start:start + sum(host[first:first + count])]  # the copies routed to this rank's experts
+        token_of = mine // top_k
+        rows = x.index_select(0, token_of)
+        scores = weights.reshape(-1).index_select(0, mine).unsqueeze(1)
+        if self.score_apply == "pre":
+            rows = rows * scores.to(rows.dtype)
+        out = self._experts(rows, host[first:first + count]).float()
+        if self.score_apply != "pre":
+            out = out * scores
+        share = out.new_zeros((tokens, out.shape[1])).index_add(0, token_of, out)
+        return sum_shares(share, self.ep_group).to(x.dtype)
 
     def _exchange_and_compute(self, rows: torch.Tensor, counts: torch.Tensor, check: _Check) -> torch.Tensor:
         ranks, local = self.ep_size, self.local_experts.num_local

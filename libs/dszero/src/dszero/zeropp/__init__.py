@@ -51,7 +51,9 @@ def attach(zero: Any, settings: ZeroPPSettings | None) -> ZeroPlusPlusRoutes | N
     stage3 = zero.reducer
     stage3.routes = routes
     for unit in stage3.units:
-        if not unit.persistent:  # persistent units are gathered once per step, exactly
+        # Persistent units are gathered once per step, exactly; units over a process group of their own
+        # (experts over their expert-data group) travel plainly: the routes' node groups are the data group's.
+        if not unit.persistent and unit.group is group:
             unit.routes = routes
     return routes
 

@@ -1,5 +1,12 @@
-"""`deepspeed.runtime.zero`: ZeRO's public names, from dszero."""
+"""`deepspeed.runtime.zero`: ZeRO's public names, from dszero. `partition_parameters` (dszero's module of
+that name: Init, GatheredParameters, ZeroParamStatus, the tensor-constructor overrides) and `offload_config`
+are attributes too, as in DeepSpeed."""
 
-from dszero import GatheredParameters, Init
+from dszero import GatheredParameters, Init, ZeroParamStatus
 
-__all__ = ["GatheredParameters", "Init"]
+from ...lazy import submodule_attributes
+
+__getattr__ = submodule_attributes(__name__, {"partition_parameters": "dszero.partition_parameters",
+                                              "offload_config": ".offload_config"}, "deepspeed.runtime.zero")
+
+__all__ = ["GatheredParameters", "Init", "ZeroParamStatus"]

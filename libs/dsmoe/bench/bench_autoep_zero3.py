@@ -1,0 +1,235 @@
+"""AutoEP at ZeRO stage 3 against stage 2, and against DeepSpeed 0.19.8's AutoEP at stage 3, on 2 gloo ranks.
+
+The model: 4 MoE layers of bench_autoep.py's layer (8 experts, hidden 1024, ffn 3584, SwiGLU with fused
+gate+up, top-2), float32, AdamW, trained through `dstrain.initialize` (ZeRO's own parameter groups, the
+experts over their expert-data group), `--tokens` tokens per rank per step, one torch thread per rank.
+
+1. A Hugging Face Mixtral of those 4 layers (small attention and vocabulary), ZeRO-3 against ZeRO-2 at each
+   autoep_size: the step's time (median of --steps after one warm-up step; rounds alternate the stages, and
+   the figure is the median over rounds) and the peak parameter + optimizer memory of the busier rank:
+   the bytes of parameters, master weights and optimizer state it holds (dszero's memory_report), plus at
+   stage 3 the most parameters gathered at once during the step (sampled at every layer's forward and
+   backward).
+2. With --deepspeed-python: the same expert shapes in a DeepSeek-V3 model (4 MoE layers, one shared expert,
+   one group), the family DeepSpeed 0.19.8's AutoEP converts under transformers 5.24 (its Mixtral conversion
+   fails there, in transformers' output-recorder registry), dstrain against DeepSpeed, both at ZeRO-3 with
+   the same autoep_size, alternating over the rounds; DeepSpeed runs in its own interpreter, two processes.
+
+    flock /tmp/dstrain-bench.lock .venv/bin/python libs/dsmoe/bench/bench_autoep_zero3.py \\
+        --deepspeed-python /work/tmp/dsvenv/bin/python \\
+        --deepspeed-pythonpath /work/tmp/dsvenv/lib/python3.11/site-packages:.venv/lib/python3.11/site-packages
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+VOCAB = 256
+
+
+def mixtral(args: argparse.Namespace) -> torch.nn.Module:
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    torch.manual_seed(0)
+    config = MixtralConfig(vocab_size=VOCAB, hidden_size=args.hidden, intermediate_size=args.ffn,
+                           num_local_experts=args.experts, num_experts_per_tok=args.top_k,
+                           num_hidden_layers=args.layers, num_attention_heads=8, num_key_value_heads=8,
+                           max_position_embeddings=args.tokens, tie_word_embeddings=False)
+    return _initialised(MixtralForCausalLM(config))
+
+
+def deepseek(args: argparse.Namespace) -> torch.nn.Module:
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    torch.manual_seed(0)
+    config = DeepseekV3Config(vocab_size=VOCAB, hidden_size=args.hidden, intermediate_size=args.ffn,
+                              moe_intermediate_size=args.ffn, n_routed_experts=args.experts,
+                              num_experts_per_tok=args.top_k, n_group=1, topk_group=1, n_shared_experts=1,
+                              first_k_dense_replace=0, num_hidden_layers=args.layers, num_attention_heads=8,
+                              num_key_value_heads=8, kv_lora_rank=64, q_lora_rank=None, qk_rope_head_dim=32,
+                              qk_nope_head_dim=32, v_head_dim=64, max_position_embeddings=args.tokens)
+    return _initialised(DeepseekV3ForCausalLM(config))
+
+
+def _initialised(model: torch.nn.Module) -> torch.nn.Module:
+    with torch.no_grad():
+        for param in model.parameters():
+            param.normal_(0.0, 0.02)
+    return model.train()
+
+
+def ds_config(stage: int, ep: int, deepspeed_side: bool = False) -> dict:
+    adamw = {"lr": 1e-4, "weight_decay": 0.0, **({"torch_adam": True} if deepspeed_side else {})}
+    return {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "steps_per_print": 10_000,
+            "optimizer": {"type": "AdamW", "params": adamw},
+            "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0,
+                                  "reduce_bucket_size": 50_000_000},
+            "expert_parallel": {"enabled": True, "autoep_size": ep}}
+
+
+def batch(args: argparse.Namespace, rank: int, step: int) -> dict[str, torch.Tensor]:
+    ids = torch.randint(0, VOCAB, (1, args.tokens), generator=torch.Generator().manual_seed(100 * step + rank))
+    return {"input_ids": ids, "labels": ids}
+
+
+class GatheredPeak:
+    """The most stage-3 parameter bytes gathered at once, sampled after every decoder layer's forward and
+    before its backward."""
+
+    def __init__(self, engine):
+        self.units = getattr(engine.optimizer, "groups", []) if engine.optimizer.partitions_parameters else []
+        self.peak = 0
+        for layer in engine.module.model.layers:
+            layer.register_forward_hook(lambda *_: self.sample())
+            layer.register_full_backward_pre_hook(lambda *_: self.sample())
+
+    def sample(self) -> None:
+        self.peak = max(self.peak, sum(unit.gathered_bytes() for unit in self.units))
+
+
+def timed_steps(engine, args: argparse.Namespace, rank: int, count: int) -> list[float]:
+    times = []
+    for step in range(count):
+        torch.distributed.barrier()
+        start = time.perf_counter()
+        loss = engine(**batch(args, rank, step)).loss
+        engine.backward(loss)
+        engine.step()
+        torch.distributed.barrier()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def dstrain_rank(rank: int, world: int, args: argparse.Namespace, family: str, stage: int, ep: int) -> dict:
+    import dstrain
+
+    torch.set_num_threads(1)
+    model = mixtral(args) if family == "mixtral" else deepseek(args)
+    cfg = ds_config(stage, ep)
+    cfg["expert_parallel"]["preset_model"] = "mixtral" if family == "mixtral" else "deepseek_v3"
+    engine, *_ = dstrain.initialize(model=model, config=cfg)
+    peak = GatheredPeak(engine)
+    times = timed_steps(engine, args, rank, 1 + args.steps)[1:]
+    report = engine.optimizer.memory_report()
+    held = report["parameters"] + report["master_weights"] + report["optimizer_state"]
+    result = {"step_s": statistics.median(times), "param_opt_bytes": held + peak.peak, "held_bytes": held,
+              "gathered_peak_bytes": peak.peak}
+    engine.destroy()
+    return result
+
+
+def run_dstrain(args: argparse.Namespace, family: str, stage: int, ep: int) -> dict:
+    from dscomm.testing import run_ranks
+
+    per_rank = run_ranks(dstrain_rank, 2, args, family, stage, ep, timeout=7200)
+    return {"step_s": max(r["step_s"] for r in per_rank), "param_opt_bytes": max(r["param_opt_bytes"] for r in per_rank),
+            "held_bytes": max(r["held_bytes"] for r in per_rank),
+            "gathered_peak_bytes": max(r["gathered_peak_bytes"] for r in per_rank)}
+
+
+# ---------------------------------------------------------------------------------------------- DeepSpeed
+def deepspeed_rank(args: argparse.Namespace) -> None:
+    """Run by DeepSpeed's interpreter as one of 2 processes (RANK etc. in the environment)."""
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import deepspeed
+
+    torch.set_num_threads(1)
+    deepspeed.init_distributed(dist_backend="gloo")
+    model = deepseek(args)
+    engine, *_ = deepspeed.initialize(model=model, config=ds_config(3, args.ep, deepspeed_side=True),
+                                      model_parameters=model.parameters())
+    rank = torch.distributed.get_rank()
+    times = timed_steps(engine, args, rank, 1 + args.steps)[1:]
+    print(json.dumps({"rank": rank, "step_s": statistics.median(times)}), flush=True)
+
+
+def run_deepspeed(args: argparse.Namespace, ep: int) -> dict:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    shape = [f"--{key.replace('_', '-')}={getattr(args, key)}" for key in
+             ("tokens", "layers", "hidden", "ffn", "experts", "top_k", "steps")]
+    argv = [args.deepspeed_python, __file__, "--deepspeed-side", *shape, "--ep", str(ep)]
+    procs = []
+    for rank in range(2):
+        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
+               "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "DS_ACCELERATOR": "cpu"}
+        if args.deepspeed_pythonpath:
+            env["PYTHONPATH"] = args.deepspeed_pythonpath
+        procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
+    outputs = [proc.communicate(timeout=7200) for proc in procs]
+    if any(proc.returncode for proc in procs):
+        return {"failed": outputs[0][1][-800:] + outputs[1][1][-800:]}
+    steps = [json.loads(out.strip().splitlines()[-1])["step_s"] for out, _ in outputs]
+    return {"step_s": max(steps)}
+
+
+# ---------------------------------------------------------------------------------------------- main
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", type=int, default=256, help="tokens per rank per step")
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--hidden", type=int, default=1024)
+    parser.add_argument("--ffn", type=int, default=3584)
+    parser.add_argument("--experts", type=int, default=8)
+    parser.add_argument("--top-k", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=3, help="timed steps after one warm-up step")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--ep", type=int, nargs="+", default=[1, 2], help="autoep_size values")
+    parser.add_argument("--deepspeed-python", help="an interpreter with deepspeed 0.19.8 (a throwaway venv)")
+    parser.add_argument("--deepspeed-pythonpath", help="PYTHONPATH for it (its site-packages, then one with "
+                                                       "transformers 5)")
+    parser.add_argument("--deepspeed-side", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.deepspeed_side:
+        args.ep = args.ep[-1]
+        deepspeed_rank(args)
+        return
+    report: dict = {"shape": {k: v for k, v in vars(args).items() if not k.startswith("deepspeed")},
+                    "load_average_at_start": os.getloadavg()}
+    for ep in args.ep:
+        rounds = {2: [], 3: []}
+        for _ in range(args.rounds):
+            for stage in (2, 3):
+                rounds[stage].append(run_dstrain(args, "mixtral", stage, ep))
+                print(f"autoep {ep} stage {stage}: {rounds[stage][-1]}", file=sys.stderr, flush=True)
+        row = {f"stage {s}": {"step_s": statistics.median(r["step_s"] for r in runs),
+                              "param_opt_GiB": runs[0]["param_opt_bytes"] / 2**30,
+                              "held_GiB": runs[0]["held_bytes"] / 2**30,
+                              "gathered_peak_GiB": runs[0]["gathered_peak_bytes"] / 2**30}
+               for s, runs in rounds.items()}
+        row["stage 3 / stage 2 memory"] = row["stage 3"]["param_opt_GiB"] / row["stage 2"]["param_opt_GiB"]
+        row["stage 3 / stage 2 step (median of per-round ratios)"] = statistics.median(
+            a["step_s"] / b["step_s"] for a, b in zip(rounds[3], rounds[2]))
+        report[f"Mixtral-shaped, autoep_size {ep}"] = row
+    if args.deepspeed_python:
+        for ep in args.ep:
+            mine, theirs = [], []
+            for _ in range(args.rounds):
+                mine.append(run_dstrain(args, "deepseek", 3, ep))
+                theirs.append(run_deepspeed(args, ep))
+                print(f"deepseek autoep {ep}: dstrain {mine[-1]['step_s']:.3f} s, DeepSpeed {theirs[-1]}",
+                      file=sys.stderr, flush=True)
+            if any("failed" in t for t in theirs):
+                report[f"DeepSeek-V3-shaped, ZeRO-3, autoep_size {ep}"] = {"DeepSpeed": theirs[-1]}
+                continue
+            report[f"DeepSeek-V3-shaped, ZeRO-3, autoep_size {ep}"] = {
+                "dstrain step_s": statistics.median(m["step_s"] for m in mine),
+                "DeepSpeed step_s": statistics.median(t["step_s"] for t in theirs),
+                "dstrain / DeepSpeed (median of per-round ratios)": statistics.median(
+                    m["step_s"] / t["step_s"] for m, t in zip(mine, theirs))}
+    report["load_average_at_end"] = os.getloadavg()
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
