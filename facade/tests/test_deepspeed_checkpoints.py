@@ -57,15 +57,23 @@ def resume(rank, world, case, directory):
     return state, train(engine, world, rank, im.STEPS_BEFORE_SAVE, im.STEPS_AFTER_SAVE)
 
 
+def resume_every_case(rank, world):
+    # One group of ranks for every fixture, a fresh engine per case: the ranks start once, not once per case.
+    return {case: resume(rank, world, case, str(FIXTURES / case)) for case in ZERO_CASES}
+
+
 @pytest.mark.parametrize("world", [2, 1])
-@pytest.mark.parametrize("case", ZERO_CASES)
-def test_deepspeed_checkpoint_continues_with_deepspeeds_losses(case, world):
-    record = expected(case)
-    (path, client, steps, samples, _lr), losses = run_ranks(resume, world, case, str(FIXTURES / case), timeout=180)[0]
-    assert Path(path) == FIXTURES / case / record["tag"]
-    assert client == im.CLIENT_STATE
-    assert (steps, samples) == (im.STEPS_BEFORE_SAVE, im.STEPS_BEFORE_SAVE * im.GLOBAL_BATCH)
-    torch.testing.assert_close(torch.tensor(losses), torch.tensor(record["losses_after_save"]), rtol=rtol(case), atol=0)
+def test_deepspeed_checkpoints_continue_with_deepspeeds_losses(world):
+    """Each ZeRO fixture (stages 0-3, fp32 and bf16, saved at 2 ranks) loads at `world` ranks."""
+    results = run_ranks(resume_every_case, world, timeout=300)[0]
+    for case in ZERO_CASES:
+        record = expected(case)
+        (path, client, steps, samples, _lr), losses = results[case]
+        assert Path(path) == FIXTURES / case / record["tag"], case
+        assert client == im.CLIENT_STATE, case
+        assert (steps, samples) == (im.STEPS_BEFORE_SAVE, im.STEPS_BEFORE_SAVE * im.GLOBAL_BATCH), case
+        torch.testing.assert_close(torch.tensor(losses), torch.tensor(record["losses_after_save"]), rtol=rtol(case),
+                                   atol=0, msg=lambda m, case=case: f"{case}: {m}")
 
 
 def pipeline_resume(rank, world, stages, directory):
@@ -100,46 +108,36 @@ def test_deepspeed_pipeline_checkpoint_loads_at_any_stage_count(world, stages):
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(record["losses_after_save"]), rtol=1e-5, atol=0)
 
 
-def load_only(rank, world, directory, stage):
-    engine, *_ = dstrain.initialize(model=im.make_lm(seed=123), config=im.config(stage, dp_size=world))
+def refused_load(model: torch.nn.Module, world: int, directory: str) -> tuple[str, bool]:
+    """The error of loading `directory` into a fresh engine, and whether the engine is untouched after it."""
+    engine, *_ = dstrain.initialize(model=model, config=im.config(2, dp_size=world))
     before = {k: v.clone() for k, v in engine.module.state_dict().items()}
-    try:
+    with pytest.raises(CheckpointLoadError) as info:
         engine.load_checkpoint(directory)
-    except CheckpointLoadError as exc:
-        after = engine.module.state_dict()
-        untouched = all(torch.equal(before[k], after[k]) for k in before) and engine.global_steps == 0
-        return str(exc), untouched
-    return None, False
+    after = engine.module.state_dict()
+    return str(info.value), all(torch.equal(before[k], after[k]) for k in before) and engine.global_steps == 0
 
 
-def test_a_missing_rank_file_is_named_and_nothing_is_loaded(tmp_path):
-    root = tmp_path / "ckpt"
-    shutil.copytree(FIXTURES / "zero2_fp32", root)
-    missing = root / "global_step3" / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
+def bad_loads(rank, world, missing_root, truncated_root):
+    return {"missing": refused_load(im.make_lm(seed=123), world, missing_root),
+            "truncated": refused_load(im.make_lm(seed=123), world, truncated_root),
+            "other shape": refused_load(im.LM(d=16), world, str(FIXTURES / "zero2_fp32"))}  # every width differs
+
+
+def test_a_missing_or_truncated_file_or_another_shape_is_named_and_nothing_is_loaded(tmp_path):
+    missing_root, truncated_root = tmp_path / "missing", tmp_path / "truncated"
+    shutil.copytree(FIXTURES / "zero2_fp32", missing_root)
+    shutil.copytree(FIXTURES / "zero2_fp32", truncated_root)
+    missing = missing_root / "global_step3" / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
     missing.unlink()
-    message, untouched = run_ranks(load_only, 1, str(root), 2, timeout=120)[0]
-    assert str(missing) in message and untouched
-
-
-def test_a_truncated_file_is_named_and_nothing_is_loaded(tmp_path):
-    root = tmp_path / "ckpt"
-    shutil.copytree(FIXTURES / "zero2_fp32", root)
-    victim = root / "global_step3" / "zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    victim = truncated_root / "global_step3" / "zero_pp_rank_0_mp_rank_00_optim_states.pt"
     victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
-    message, untouched = run_ranks(load_only, 2, str(root), 2, timeout=120)[0]
+    results = run_ranks(bad_loads, 2, str(missing_root), str(truncated_root), timeout=180)[0]
+    message, untouched = results["missing"]
+    assert str(missing) in message and untouched
+    message, untouched = results["truncated"]
     assert str(victim) in message and untouched
-
-
-def test_a_model_of_another_shape_is_refused_naming_the_parameter(tmp_path):
-    def other_model(rank, world, directory):
-        model = im.LM(d=16)  # every width differs
-        engine, *_ = dstrain.initialize(model=model, config=im.config(2, dp_size=world))
-        before = {k: v.clone() for k, v in engine.module.state_dict().items()}
-        with pytest.raises(CheckpointLoadError) as info:
-            engine.load_checkpoint(directory)
-        return str(info.value), all(torch.equal(before[k], v) for k, v in engine.module.state_dict().items())
-
-    message, untouched = run_ranks(other_model, 1, str(FIXTURES / "zero2_fp32"), timeout=120)[0]
+    message, untouched = results["other shape"]
     assert "embed.weight is (48, 24)" in message and "(48, 16)" in message and untouched
 
 
@@ -205,11 +203,14 @@ def partial_load(rank, world, directory, options):
     return client, engine.global_steps, same_weights, len(moments)
 
 
+def partial_loads(rank, world, directory):
+    return [partial_load(rank, world, directory, options)
+            for options in ({"load_module_only": True}, {"load_optimizer_states": False})]
+
+
 def test_module_only_and_fresh_optimizer_loads_of_a_deepspeed_checkpoint():
-    directory = str(FIXTURES / "zero2_fp32")
-    client, steps, same, moments = run_ranks(partial_load, 2, directory, {"load_module_only": True},
-                                                timeout=120)[0]
+    module_only, fresh_optimizer = run_ranks(partial_loads, 2, str(FIXTURES / "zero2_fp32"), timeout=180)[0]
+    client, steps, same, moments = module_only
     assert client == im.CLIENT_STATE and steps == 0 and same and moments == 0  # weights only, as DeepSpeed
-    client, steps, same, moments = run_ranks(partial_load, 2, directory, {"load_optimizer_states": False},
-                                                 timeout=120)[0]
+    client, steps, same, moments = fresh_optimizer
     assert steps == im.STEPS_BEFORE_SAVE and same and moments == 0  # counters and scheduler, fresh moments

@@ -86,10 +86,8 @@ def test_dstrain_to_universal_to_dstrain_at_another_size_equals_an_uninterrupted
     """Saved at 2 data-parallel ranks (or 2 tensor ranks), converted, loaded at 1 rank at ZeRO-3."""
     uninterrupted = run_ranks(save_and_continue, 2, str(tmp_path / "ckpt"), tp, timeout=180)[0]
     out = tmp_path / "ckpt" / "global_step3_universal"
-    run = subprocess.run([sys.executable, "-m", "dstrain.checkpoint.ds_to_universal", "--input_folder",
-                          str(tmp_path / "ckpt" / "global_step3"), "--output_folder", str(out)],
-                         capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0, run.stderr
+    assert ds_to_universal.main(["--input_folder", str(tmp_path / "ckpt" / "global_step3"), "--output_folder",
+                                 str(out)]) == 0
     assert (tmp_path / "ckpt" / "latest_universal").read_text() == out.name
     from dstrain.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
@@ -158,32 +156,32 @@ def refused(rank, world, directory):
     return str(info.value), untouched and engine.global_steps == 0
 
 
-def broken_copy(tmp_path: Path) -> tuple[Path, Path]:
-    root = tmp_path / "ckpt"
+def broken_copy(tmp_path: Path, name: str) -> tuple[Path, Path]:
+    root = tmp_path / name
     shutil.copytree(UNIVERSAL, root)
     return root, root / "global_step3_universal" / "zero"
 
 
-def test_a_universal_folder_missing_a_parameter_names_it_and_loads_nothing(tmp_path):
-    root, zero = broken_copy(tmp_path)
+def refused_each(rank, world, directories):
+    return [refused(rank, world, directory) for directory in directories]
+
+
+def test_a_missing_parameter_another_shape_or_a_truncated_file_is_named_and_loads_nothing(tmp_path):
+    missing_root, zero = broken_copy(tmp_path, "missing")
     shutil.rmtree(zero / "blocks.1.up.weight")
-    message, untouched = run_ranks(refused, 1, str(root), timeout=120)[0]
-    assert str(zero / "blocks.1.up.weight" / "fp32.pt") in message and untouched
-
-
-def test_a_parameter_of_another_shape_names_the_file_and_loads_nothing(tmp_path):
-    root, zero = broken_copy(tmp_path)
+    missing = zero / "blocks.1.up.weight" / "fp32.pt"
+    shape_root, zero = broken_copy(tmp_path, "shape")
     torch.save({"param": torch.zeros(7, 7)}, zero / "head.weight" / "fp32.pt")
-    message, untouched = run_ranks(refused, 1, str(root), timeout=120)[0]
-    assert "head.weight" in message and "(7, 7)" in message and untouched
-
-
-def test_a_truncated_parameter_file_is_named(tmp_path):
-    root, zero = broken_copy(tmp_path)
+    truncated_root, zero = broken_copy(tmp_path, "truncated")
     victim = zero / "embed.weight" / "exp_avg.pt"
     victim.write_bytes(victim.read_bytes()[:200])
-    message, untouched = run_ranks(refused, 1, str(root), timeout=120)[0]
-    assert str(victim) in message and untouched
+    roots = [str(missing_root), str(shape_root), str(truncated_root)]
+    (missing_message, *_), (shape_message, *_), (truncated_message, *_) = results = \
+        run_ranks(refused_each, 1, roots, timeout=180)[0]
+    assert all(untouched for _, untouched in results)
+    assert str(missing) in missing_message
+    assert "head.weight" in shape_message and "(7, 7)" in shape_message
+    assert str(victim) in truncated_message
 
 
 def test_the_command_line_refuses_bad_folders_and_writes_nothing(tmp_path, capsys):
@@ -197,11 +195,20 @@ def test_the_command_line_refuses_bad_folders_and_writes_nothing(tmp_path, capsy
     assert "neither a dstrain checkpoint" in capsys.readouterr().err and not (tmp_path / "out").exists()
 
 
-def test_ds_to_universal_is_reachable_under_deepspeeds_name():
+def test_the_command_converts_and_is_reachable_under_deepspeeds_name(tmp_path):
+    """`python -m dstrain.checkpoint.ds_to_universal` as a user runs it (a fresh process), and the same module
+    as `deepspeed.checkpoint.ds_to_universal` under the import alias, with DeepSpeed's arguments."""
+    out = tmp_path / "universal"
     snippet = ("import dstrain.as_deepspeed\nfrom deepspeed.checkpoint import ds_to_universal\n"
                "import dstrain.checkpoint.ds_to_universal as ours\nassert ds_to_universal is ours\n"
                "args = ds_to_universal.parse_arguments(['--input_folder', 'a', '--output_folder', 'b', '--no_strict',"
                " '--keep_temp_folder', '--inject_missing_state', '--num_extract_workers', '2', "
-               "'--num_merge_workers', '1'])\nassert not args.strict and args.num_extract_workers == 2\n")
-    run = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, timeout=120)
+               "'--num_merge_workers', '1'])\nassert not args.strict and args.num_extract_workers == 2\n"
+               "import runpy, sys\nsys.argv = ['ds_to_universal'] + sys.argv[1:]\n"
+               "runpy.run_module('dstrain.checkpoint.ds_to_universal', run_name='__main__')\n")
+    run = subprocess.run([sys.executable, "-c", snippet, "--input_folder", str(FIXTURES / "zero2_fp32"),
+                          "--output_folder", str(out)], capture_output=True, text=True, timeout=180)
     assert run.returncode == 0, run.stderr
+    assert "wrote" in run.stdout and (tmp_path / "latest_universal").read_text() == out.name
+    names = {p.name for p in (UNIVERSAL / "global_step3_universal" / "zero").iterdir() if p.is_dir()}
+    assert {p.name for p in (out / "zero").iterdir() if p.is_dir()} == names
