@@ -324,7 +324,7 @@ KEYS: dict[str, tuple] = {
     "comms_logger.prof_ops": obs("libs/dscomm/tests/test_logger.py::test_prof_ops_verbose_and_debug"),
     # ---- checkpoints
     "checkpoint.tag_validation": obs(f"{FACADE}/test_checkpoint_options.py::test_tag_validation_fail_and_warn"),
-    "checkpoint.load_universal": refused({"checkpoint": {"load_universal": True}}),
+    "checkpoint.load_universal": obs(f"{FACADE}/test_universal_checkpoint.py::test_deepspeeds_universal_folder_loads_at_another_layout"),
     "checkpoint.use_node_local_storage": obs(f"{FACADE}/test_checkpoint_options.py::test_node_local_storage_needs_no_shared_file_system"),
     "checkpoint.parallel_write.pipeline_stage": warned({"checkpoint": {"parallel_write": {"pipeline_stage": True}}}),
     # ---- compiler options: DeepCompile (dscompile); each setting is inert without compile.deepcompile

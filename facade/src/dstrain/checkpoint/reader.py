@@ -17,10 +17,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .contents import WholeCheckpoint
+from .deepspeed.files import is_deepspeed_directory
+from .deepspeed.reader import read_deepspeed
 from .layout import RunLayout
 from .paths import LATEST, checked_load_tag, checkpoint_path, read_latest, tag_directory
 from .protocol import LoadOptions, LoadSource
 from .saved import SavedCheckpoint
+from .universal.layout import is_universal_directory, read_latest_universal
+from .universal.reader import read_universal
 from .whole import apply, read_saved
 
 if TYPE_CHECKING:
@@ -38,8 +42,11 @@ class ForeignReader:
 
 
 # ---- Foreign formats plug in here: one line each, tried in order before dstrain's own format. -------------
-# (DeepSpeed's files and its universal layout: dstrain/checkpoint/deepspeed/ and universal/.)
-FOREIGN_READERS: list[ForeignReader] = []
+FOREIGN_READERS: list[ForeignReader] = [
+    # DeepSpeed's universal layout (universal/): first, since its folder holds DeepSpeed's model-states file too.
+    ForeignReader("universal", is_universal_directory, read_universal),
+    ForeignReader("deepspeed", is_deepspeed_directory, read_deepspeed),  # DeepSpeed's own files (deepspeed/)
+]
 
 
 def foreign_reader(directory: Path) -> ForeignReader | None:
@@ -55,7 +62,8 @@ def load_checkpoint(parts: TrainingParts, load_dir: Any, tag: Any, *, load_modul
                           custom_load_fn=custom_load_fn)
     root = Path(load_dir)
     if tag is None:
-        tag = read_latest(root)
+        # With checkpoint.load_universal, DeepSpeed's ds_to_universal names its output in `latest_universal`.
+        tag = (read_latest_universal(root) if parts.config.checkpoint.load_universal else None) or read_latest(root)
         if tag is None:
             warnings.warn(f"no '{LATEST}' file in {root}: nothing loaded (pass tag= to load a given checkpoint)",
                           stacklevel=3)

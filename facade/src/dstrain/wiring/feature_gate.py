@@ -116,9 +116,5 @@ def check_features(cfg: DeepSpeedConfig, raw: dict | None, provided: Mapping[str
             problems.append(Problem(feature.key, f"turns on {feature.what}: {provided[feature.name]} provides it, "
                                                  f"but this dstrain's engine does not compose it yet; remove the "
                                                  f"key or turn it off", feature.value(cfg)))
-    if cfg.checkpoint.load_universal:
-        problems.append(Problem("checkpoint.load_universal",
-                                "universal checkpoints are not needed: dstrain checkpoints load at any data-parallel "
-                                "size directly; remove the key", True))
     if problems:
         raise UnsupportedFeatureError(problems)

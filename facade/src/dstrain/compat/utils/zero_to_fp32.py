@@ -1,15 +1,20 @@
 """`deepspeed.utils.zero_to_fp32`: consolidate a ZeRO checkpoint into one fp32 state dict, with DeepSpeed's
-signatures: `checkpoint_dir` is the directory `save_checkpoint` wrote (its `latest` and tags; a dstrain checkpoint
-keeps its ZeRO shards under `<tag>/zero`), or a dszero checkpoint directory itself.
+signatures, from dstrain's checkpoints of any layout (read whole), from DeepSpeed's own (its `zero_pp_rank_*`
+files, read through the restricted unpickler) and from a bare dszero checkpoint directory. `checkpoint_dir` is
+the directory `save_checkpoint` wrote (its `latest` and tags), a tag's directory, or a dszero directory.
 
 `convert_zero_checkpoint_to_fp32_state_dict(checkpoint_dir, output_dir)` writes `output_dir/pytorch_model.bin`
 as DeepSpeed does (`model.safetensors` with safe_serialization=True), in shards with Hugging Face's index file
 beyond `max_shard_size`. Tied weights get every name the module's state dict has, so the result loads with
 `strict=True`.
+
+    python -m dstrain.utils.zero_to_fp32 CHECKPOINT_DIR OUTPUT_DIR [--safe_serialization] [--max_shard_size 5GB]
+                                         [-t TAG] [--exclude_frozen_parameters]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -21,46 +26,57 @@ import torch
 import dsaio
 import dszero
 
+from ...checkpoint.contents import MASTER
+from ...checkpoint.deepspeed.files import is_deepspeed_directory
+from ...checkpoint.deepspeed.reader import read_deepspeed
 from ...checkpoint.files import COMMON_FILE
 from ...checkpoint.module_weights import SHARED_PARAMS
 from ...checkpoint.paths import read_latest, tag_directory
 from ...checkpoint.saved import read_common
-from ...errors import CheckpointLoadError
+from ...checkpoint.whole import read_whole
+from ...errors import CheckpointLoadError, DstrainError
 
 _META = "zero_meta.json"  # dszero's own checkpoint directory holds it
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B)?\s*$", re.IGNORECASE)
 
 
-def _tag_dir(checkpoint_dir: str | os.PathLike, tag: str | None) -> tuple[Path, Path | None]:
-    """(the ZeRO shards' directory, the tag's directory when it is a dstrain checkpoint's)."""
-    root = Path(os.fspath(checkpoint_dir))
-    if (root / _META).is_file():
-        return root, None
+def _checkpoint_directory(root: Path, tag: str | None) -> Path:
+    """The directory holding one checkpoint's files: `root` itself, or its tag's (given, or from `latest`)."""
+    if is_deepspeed_directory(root) or (root / COMMON_FILE).is_file() or (root / _META).is_file():
+        return root
     if tag is None:
         tag = read_latest(root)
         if tag is None:
             raise CheckpointLoadError(f"{root}: no 'latest' file names a tag, and no tag was given: pass tag=, one of "
                                       f"the checkpoint's directories")
-    directory = tag_directory(root, tag)
-    if (directory / _META).is_file():
-        return directory, None
-    return directory / "zero", directory
+    return tag_directory(root, tag)
 
 
 def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir: str | os.PathLike, tag: str | None = None,
                                              exclude_frozen_parameters: bool = False,
                                              lazy_mode: bool = False) -> dict[str, torch.Tensor]:
-    """{parameter name: fp32 tensor} of the checkpoint's model, from its ZeRO shards, on the CPU. Tensors are read
-    whole (lazy_mode is taken and reads the same); frozen parameters are not ZeRO's and not in it either way."""
-    zero_dir, tag_dir = _tag_dir(checkpoint_dir, tag)
-    state: dict[str, Any] = dszero.get_fp32_state_dict_from_zero_checkpoint(zero_dir)
-    if tag_dir is not None and (tag_dir / COMMON_FILE).is_file():
-        shared = read_common(tag_dir / COMMON_FILE).get(SHARED_PARAMS) or {}
-        if not isinstance(shared, dict):
-            raise CheckpointLoadError(f"{tag_dir / COMMON_FILE}: {SHARED_PARAMS} must map names to names")
-        for alias, original in shared.items():
-            if original in state:
-                state[alias] = state[original]
+    """{name: fp32 tensor}: every trained parameter's fp32 master weights, whole, on the CPU (lazy_mode is taken
+    and reads the same). From DeepSpeed's checkpoints also the module's other entries (frozen parameters,
+    buffers) in fp32 unless exclude_frozen_parameters, as DeepSpeed's own script does."""
+    directory = _checkpoint_directory(Path(os.fspath(checkpoint_dir)), tag)
+    if is_deepspeed_directory(directory):
+        whole = read_deepspeed(directory)
+        state: dict[str, Any] = {name: entry[MASTER] for name, entry in whole.parameters.items()}
+        if not exclude_frozen_parameters:
+            for name, value in whole.module.items():
+                if name not in state:
+                    state[name] = value.float() if value.is_floating_point() else value
+        return state
+    if not (directory / COMMON_FILE).is_file():
+        zero_dir = directory if (directory / _META).is_file() else directory / "zero"
+        return dszero.get_fp32_state_dict_from_zero_checkpoint(zero_dir)
+    state = {name: entry[MASTER] for name, entry in read_whole(directory).parameters.items()}
+    shared = read_common(directory / COMMON_FILE).get(SHARED_PARAMS) or {}
+    if not isinstance(shared, dict):
+        raise CheckpointLoadError(f"{directory / COMMON_FILE}: {SHARED_PARAMS} must map names to names")
+    for alias, original in shared.items():
+        if original in state:
+            state[alias] = state[original]
     return state
 
 
@@ -132,13 +148,38 @@ def _untied(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def load_state_dict_from_zero_checkpoint(model: torch.nn.Module, checkpoint_dir: str | os.PathLike,
                                          tag: str | None = None) -> torch.nn.Module:
-    """Load the consolidated fp32 weights of a checkpoint into `model` (on the CPU) and return it."""
+    """Load the consolidated fp32 weights of a checkpoint (dstrain's or DeepSpeed's) into `model` (on the
+    CPU) and return it."""
     state = get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag)
     model = model.cpu()
     _buffers_left_as_they_are, unexpected = model.load_state_dict(state, strict=False)
     if unexpected:
         raise CheckpointLoadError(f"{checkpoint_dir}: the checkpoint has parameters the model lacks: {unexpected[:5]}")
     return model
+
+
+def main(argv: list[str] | None = None) -> int:
+    """DeepSpeed's zero_to_fp32.py command line."""
+    parser = argparse.ArgumentParser(prog="zero_to_fp32", description=__doc__.splitlines()[0])
+    parser.add_argument("checkpoint_dir", help="the directory with 'latest' (dstrain's or DeepSpeed's)")
+    parser.add_argument("output_dir", help="where pytorch_model.bin (or model.safetensors) is written")
+    parser.add_argument("--max_shard_size", default="5GB", help="shard beyond this size (default 5GB)")
+    parser.add_argument("--safe_serialization", action="store_true", help="write safetensors files")
+    parser.add_argument("-t", "--tag", default=None, help="sub-directory of checkpoint_dir (default: 'latest')")
+    parser.add_argument("--exclude_frozen_parameters", action="store_true")
+    args = parser.parse_args(argv)
+    try:
+        out = convert_zero_checkpoint_to_fp32_state_dict(args.checkpoint_dir, args.output_dir, args.max_shard_size,
+                                                         args.safe_serialization, args.tag,
+                                                         args.exclude_frozen_parameters)
+    except (DstrainError, dszero.CheckpointError, OSError, ValueError) as exc:
+        parser.exit(1, f"zero_to_fp32: {exc}\n")
+    print(f"zero_to_fp32: wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
 
 
 __all__ = ["convert_zero_checkpoint_to_fp32_state_dict", "get_fp32_state_dict_from_zero_checkpoint",
