@@ -169,12 +169,13 @@ def test_deepspeeds_op_builders_load_dstrains_ops_and_name_what_is_not_there(tmp
 
 
 def _optimizer_kinds(rank, world):
+    import dstrain.as_deepspeed  # the alias first: `deepspeed` is dstrain from here on
+
+    # isort: split
     from deepspeed.runtime.bf16_optimizer import BF16_Optimizer
     from deepspeed.runtime.fp16.fused_optimizer import FP16_Optimizer
     from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
     from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
-
-    import dstrain.as_deepspeed
 
     kinds = (DeepSpeedZeroOptimizer, DeepSpeedZeroOptimizer_Stage3, FP16_Optimizer, BF16_Optimizer)
     found = {}
@@ -218,12 +219,13 @@ class _Tied(torch.nn.Module):
 
 
 def _zero_to_fp32_as_deepspeed(rank, world, root):
+    import dstrain.as_deepspeed  # the alias first: `deepspeed` is dstrain from here on
+
+    # isort: split
     from deepspeed.utils.zero_to_fp32 import (
         convert_zero_checkpoint_to_fp32_state_dict,
         get_fp32_state_dict_from_zero_checkpoint,
     )
-
-    import dstrain.as_deepspeed
 
     cfg = {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 2}, "optimizer": ADAMW}
     engine, *_ = dstrain.initialize(model=_Tied(), config=cfg)
