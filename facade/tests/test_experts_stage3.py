@@ -131,6 +131,66 @@ def test_autoep_at_zero_3_equals_zero_0_and_one_process():
         assert facts["expert_prefetches"] > 0, facts  # gathered ahead of their use after the first step
 
 
+def family_model(family, seed=0):
+    """A tiny Qwen3-MoE, or DeepSeek-V3 (group-limited sigmoid routing, a shared expert, a dense first layer and a
+    non-zero e_score_correction_bias buffer), from configs."""
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    torch.manual_seed(seed)
+    common = dict(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, moe_intermediate_size=16,
+                  num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=32, num_experts_per_tok=2,
+                  output_router_logits=True, router_aux_loss_coef=0.01, tie_word_embeddings=False)
+    if family == "qwen3_moe":
+        model = Qwen3MoeForCausalLM(Qwen3MoeConfig(**common, num_key_value_heads=1, num_experts=4, head_dim=8,
+                                                   norm_topk_prob=True))
+    else:
+        model = DeepseekV3ForCausalLM(DeepseekV3Config(
+            **common, num_key_value_heads=2, n_routed_experts=8, n_group=4, topk_group=2, n_shared_experts=1,
+            first_k_dense_replace=1, routed_scaling_factor=2.5, norm_topk_prob=True, kv_lora_rank=8,
+            q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8))
+    generator = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() > 1:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buffer.copy_(torch.rand(buffer.shape, generator=generator) * 0.5)
+    return model
+
+
+def family_runs(rank, world):
+    results = {}
+    for family in ("qwen3_moe", "deepseek_v3"):
+        for stage in (3, 0):
+            cfg = config(stage)
+            cfg["expert_parallel"]["preset_model"] = family
+            engine, *_ = dstrain.initialize(model=family_model(family), config=cfg)
+            losses, norms = train_autoep(engine, range(2), rank, world)
+            units = engine.optimizer.groups if stage == 3 else []
+            expert_groups = {torch.distributed.get_world_size(u.group) for u in units
+                             if any(".experts." in n for n in u.names)}
+            results[family, stage] = losses, norms, whole(engine), expert_groups
+    return results
+
+
+def test_qwen3_moe_and_deepseek_v3_at_zero_3_equal_zero_0():
+    """The other families' blocks at stage 3 on 2 ranks (autoep_size 2: each expert on one rank, its expert-data
+    group of 1): Qwen3-MoE's normalised top-k, DeepSeek-V3's shared expert (a dense weight, partitioned over the
+    data-parallel group), its dense first layer and its routing bias."""
+    for rank, results in enumerate(run_ranks(family_runs, 2, timeout=300)):
+        for family in ("qwen3_moe", "deepseek_v3"):
+            (losses3, norms3, weights3, groups), (losses0, norms0, weights0, _) = results[family, 3], results[family, 0]
+            where = f"rank {rank}, {family}"
+            assert groups == {1}, (where, groups)
+            torch.testing.assert_close(losses3, losses0, rtol=1e-5, atol=0, msg=where)
+            torch.testing.assert_close(norms3, norms0, rtol=1e-5, atol=0, msg=where)
+            assert weights3.keys() == weights0.keys(), where
+            for name, value in weights3.items():
+                # as against one process above: Adam turns rounding in a near-zero gradient into a visible step
+                torch.testing.assert_close(value, weights0[name], rtol=1e-4, atol=2e-4, msg=f"{where}: {name}")
+
+
 def dsmoe_runs(rank, world):
     results = {}
     for stage in (3, 0):
@@ -194,11 +254,15 @@ def same_topology(rank, world, root):
 
 
 def elsewhere(rank, world, root, ep):
-    """2 ranks (data-parallel size 2, not 4) at autoep_size `ep`: the stage-3 checkpoint read whole."""
+    """2 ranks (data-parallel size 2, not 4) at autoep_size `ep`: the stage-3 checkpoint read whole (through
+    load_checkpoint, or read_whole / load_whole as a conversion script would)."""
     from dstrain.checkpoint import load_whole, read_whole
 
     engine, *_ = dstrain.initialize(model=mixtral(seed=7, aux=False), config=config(3, ep))
-    client = load_whole(engine._parts, read_whole(root / "ckpt" / "t"))
+    if ep == 1:  # what a script does: load_checkpoint sees another layout and reads the checkpoint whole
+        _, client = engine.load_checkpoint(root / "ckpt", tag="t")
+    else:
+        client = load_whole(engine._parts, read_whole(root / "ckpt" / "t"))
     probe = engine.module(**tokens(99, 0)).loss.item()
     return probe, client, engine.global_steps
 

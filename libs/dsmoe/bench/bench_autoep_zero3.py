@@ -15,6 +15,10 @@ experts over their expert-data group), `--tokens` tokens per rank per step, one 
    fails there, in transformers' output-recorder registry), dstrain against DeepSpeed, both at ZeRO-3 with
    the same autoep_size, alternating over the rounds; DeepSpeed runs in its own interpreter, two processes.
 
+At stage 3, --max-live-parameters / --max-reuse-distance set stage3_max_live_parameters and
+stage3_max_reuse_distance (both sides); unset, the reference's defaults (1e9 elements) keep a model of fewer
+parameters gathered from its forward to its backward, so stage 3 then saves no parameter memory.
+
     flock /tmp/dstrain-bench.lock .venv/bin/python libs/dsmoe/bench/bench_autoep_zero3.py \\
         --deepspeed-python /work/tmp/dsvenv/bin/python \\
         --deepspeed-pythonpath /work/tmp/dsvenv/lib/python3.11/site-packages:.venv/lib/python3.11/site-packages
@@ -67,12 +71,15 @@ def _initialised(model: torch.nn.Module) -> torch.nn.Module:
     return model.train()
 
 
-def ds_config(stage: int, ep: int, deepspeed_side: bool = False) -> dict:
+def ds_config(stage: int, ep: int, args: argparse.Namespace, deepspeed_side: bool = False) -> dict:
     adamw = {"lr": 1e-4, "weight_decay": 0.0, **({"torch_adam": True} if deepspeed_side else {})}
+    zero = {"stage": stage, "stage3_param_persistence_threshold": 0, "reduce_bucket_size": 50_000_000}
+    if stage == 3:  # unset: the reference's defaults (1e9 elements: a model below that stays gathered for backward)
+        zero.update({key: int(value) for key, value in (("stage3_max_live_parameters", args.max_live_parameters),
+                                                        ("stage3_max_reuse_distance", args.max_reuse_distance))
+                     if value is not None})
     return {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "steps_per_print": 10_000,
-            "optimizer": {"type": "AdamW", "params": adamw},
-            "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0,
-                                  "reduce_bucket_size": 50_000_000},
+            "optimizer": {"type": "AdamW", "params": adamw}, "zero_optimization": zero,
             "expert_parallel": {"enabled": True, "autoep_size": ep}}
 
 
@@ -114,7 +121,7 @@ def dstrain_rank(rank: int, world: int, args: argparse.Namespace, family: str, s
 
     torch.set_num_threads(1)
     model = mixtral(args) if family == "mixtral" else deepseek(args)
-    cfg = ds_config(stage, ep)
+    cfg = ds_config(stage, ep, args)
     cfg["expert_parallel"]["preset_model"] = "mixtral" if family == "mixtral" else "deepseek_v3"
     engine, *_ = dstrain.initialize(model=model, config=cfg)
     peak = GatheredPeak(engine)
@@ -145,7 +152,7 @@ def deepspeed_rank(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     deepspeed.init_distributed(dist_backend="gloo")
     model = deepseek(args)
-    engine, *_ = deepspeed.initialize(model=model, config=ds_config(3, args.ep, deepspeed_side=True),
+    engine, *_ = deepspeed.initialize(model=model, config=ds_config(3, args.ep, args, deepspeed_side=True),
                                       model_parameters=model.parameters())
     rank = torch.distributed.get_rank()
     times = timed_steps(engine, args, rank, 1 + args.steps)[1:]
@@ -157,7 +164,8 @@ def run_deepspeed(args: argparse.Namespace, ep: int) -> dict:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     shape = [f"--{key.replace('_', '-')}={getattr(args, key)}" for key in
-             ("tokens", "layers", "hidden", "ffn", "experts", "top_k", "steps")]
+             ("tokens", "layers", "hidden", "ffn", "experts", "top_k", "steps", "max_live_parameters",
+              "max_reuse_distance") if getattr(args, key) is not None]
     argv = [args.deepspeed_python, __file__, "--deepspeed-side", *shape, "--ep", str(ep)]
     procs = []
     for rank in range(2):
@@ -185,6 +193,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3, help="timed steps after one warm-up step")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--ep", type=int, nargs="+", default=[1, 2], help="autoep_size values")
+    parser.add_argument("--max-live-parameters", type=float, help="stage3_max_live_parameters (default: unset)")
+    parser.add_argument("--max-reuse-distance", type=float, help="stage3_max_reuse_distance (default: unset)")
     parser.add_argument("--deepspeed-python", help="an interpreter with deepspeed 0.19.8 (a throwaway venv)")
     parser.add_argument("--deepspeed-pythonpath", help="PYTHONPATH for it (its site-packages, then one with "
                                                        "transformers 5)")

@@ -5,11 +5,13 @@ stages; a hand-written 1F1B schedule of 4 micro-batches driving one ZeroOptimize
 or 2) through the public controls: gradient sync held back and released, finish_backward(), the norm
 decided over every rank. After 5 steps losses and parameters equal one process running the whole
 model. Then an fp16 overflow on one stage skips the step on every rank, and an expert-like parameter
-group partitioned over its own 2-rank group reduces over that group only.
+group partitioned over its own 2-rank group reduces over that group only (stages 0-3; at stage 3 it is also
+gathered over it).
 """
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch import nn
 
 import dscomm
@@ -169,8 +171,11 @@ def expert_rank(rank, world, zero_stage):
         zero.backward(expert(dense(x)).pow(2).mean())
         zero.step()
         zero.zero_grad()
-    return groups.ranks("expert_data"), [p.detach().clone() for p in expert.parameters()], \
-        [p.detach().clone() for p in dense.parameters()]
+    with dszero.GatheredParameters(list(model.parameters())):  # stage 3: whole for the comparison
+        whole = [p.detach().clone() for p in expert.parameters()], [p.detach().clone() for p in dense.parameters()]
+    units = getattr(zero, "groups", []) if zero_stage == 3 else []
+    unit_groups = sorted({dist.get_world_size(unit.group) for unit in units})
+    return groups.ranks("expert_data"), *whole, unit_groups
 
 
 def expert_reference(world=4, ep=2):
@@ -193,12 +198,14 @@ def expert_reference(world=4, ep=2):
     return [list(e.parameters()) for e in experts], list(dense.parameters())
 
 
-@pytest.mark.parametrize("zero_stage", [0, 1, 2])
+@pytest.mark.parametrize("zero_stage", [0, 1, 2, 3])
 def test_an_expert_group_partitions_and_reduces_over_its_own_group_only(zero_stage):
     experts, dense = expert_reference()
-    for rank, (ranks, expert_params, dense_params) in enumerate(run_ranks(expert_rank, 4, zero_stage,
-                                                                          timeout=120)):
+    for rank, (ranks, expert_params, dense_params, unit_groups) in enumerate(run_ranks(expert_rank, 4, zero_stage,
+                                                                                       timeout=120)):
         assert ranks == ([0, 2] if rank % 2 == 0 else [1, 3])
+        # stage 3: the dense unit partitioned over the 4 data ranks, the expert's over its 2 expert-data ranks
+        assert unit_groups == ([2, 4] if zero_stage == 3 else []), unit_groups
         for got, want in zip(expert_params, experts[rank % 2], strict=True):
             torch.testing.assert_close(got, want.detach(), rtol=1e-12, atol=1e-14)
         for got, want in zip(dense_params, dense, strict=True):
