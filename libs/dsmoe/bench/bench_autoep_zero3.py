@@ -16,8 +16,7 @@ experts over their expert-data group), `--tokens` tokens per rank per step, one 
    the same autoep_size, alternating over the rounds; DeepSpeed runs in its own interpreter, two processes.
 
 At stage 3, --max-live-parameters / --max-reuse-distance set stage3_max_live_parameters and
-stage3_max_reuse_distance (both sides); unset, the reference's defaults (1e9 elements) keep a model of fewer
-parameters gathered from its forward to its backward, so stage 3 then saves no parameter memory.
+stage3_max_reuse_distance (both sides); unset, the reference's defaults (1e9 elements).
 
     flock /tmp/dstrain-bench.lock .venv/bin/python libs/dsmoe/bench/bench_autoep_zero3.py \\
         --deepspeed-python /work/tmp/dsvenv/bin/python \\
@@ -74,7 +73,7 @@ def _initialised(model: torch.nn.Module) -> torch.nn.Module:
 def ds_config(stage: int, ep: int, args: argparse.Namespace, deepspeed_side: bool = False) -> dict:
     adamw = {"lr": 1e-4, "weight_decay": 0.0, **({"torch_adam": True} if deepspeed_side else {})}
     zero = {"stage": stage, "stage3_param_persistence_threshold": 0, "reduce_bucket_size": 50_000_000}
-    if stage == 3:  # unset: the reference's defaults (1e9 elements: a model below that stays gathered for backward)
+    if stage == 3:  # unset: the reference's defaults (1e9 elements)
         zero.update({key: int(value) for key, value in (("stage3_max_live_parameters", args.max_live_parameters),
                                                         ("stage3_max_reuse_distance", args.max_reuse_distance))
                      if value is not None})
