@@ -30,15 +30,22 @@ def generate_as_deepspeed_chat(rank, world, lengths):
     for stage, hybrid in VARIANTS:
         engine, *_ = dstrain.initialize(model=llama(), config=config(stage, **hybrid))
         units = getattr(engine.optimizer.reducer, "units", [])
+        controls = dszero.CompilerControls(engine.optimizer)
+        hooks_during = []  # stage 3's gathering hooks, seen from inside a layer's forward while generating
+        seen = engine.module.model.layers[0].register_forward_hook(
+            lambda *_, seen=hooks_during, controls=controls: seen.append(controls.module_hooks_on))
         engine.eval()
         before = sum(u.gather_count for u in units)
         out = engine.module.generate(ids, attention_mask=torch.ones_like(ids), max_length=ids.shape[1] + 6,
                                      pad_token_id=0, do_sample=False, synced_gpus=False)
         gathers = sum(u.gather_count for u in units) - before
+        seen.remove()
+        hooks = (any(hooks_during), controls.module_hooks_on)
         also = engine.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0)
         engine.train()
         released = sum(p.numel() for p in engine.module.parameters()) if stage == 3 else 0
-        results.append((torch.equal(out, expected), torch.equal(also, expected), gathers, len(units), released))
+        results.append((torch.equal(out, expected), torch.equal(also, expected), gathers, len(units), released,
+                        hooks))
         engine.destroy()
     return results
 
@@ -46,11 +53,14 @@ def generate_as_deepspeed_chat(rank, world, lengths):
 def test_generation_yields_the_whole_models_tokens_at_every_stage_and_variant():
     lengths = (5, 7)  # prompts of different lengths on each rank
     for rank_results in run_ranks(generate_as_deepspeed_chat, 2, lengths, timeout=300):
-        for (stage, hybrid), (same, also_same, gathers, units, released) in zip(VARIANTS, rank_results):
+        for (stage, hybrid), (same, also_same, gathers, units, released, hooks) in zip(VARIANTS, rank_results):
             assert same and also_same, (stage, hybrid)
             assert released == 0, (stage, hybrid)
             if stage == 3 and hybrid.get("pin_parameters", True):
                 assert gathers == units == 21  # every unit once for the call, none per token
+                assert hooks == (False, True)  # off while every weight is held, back for training
+            elif stage == 3:
+                assert hooks == (True, True)  # gathered layer by layer: the hooks do it
 
 
 def generate_tensor_parallel(rank, world):

@@ -52,7 +52,7 @@ class DeepSpeedEngine(EngineAccessors, torch.nn.Module):
             from .hybrid import HybridGeneration
 
             self._hybrid = HybridGeneration(model, config, device=parts.device, data_group=data_parallel_group,
-                                            rank=parts.global_rank)
+                                            rank=parts.global_rank, zero=parts.optimizer)
         self._engine_backward_active = False
         self._compiled = False
         self.deepcompile_runtime: Any = None  # dscompile's, after compile() with compile.deepcompile

@@ -66,6 +66,11 @@ class CompilerControls:
         if self.stage3 is not None:
             self.stage3.restore_module_hooks()
 
+    @property
+    def module_hooks_on(self) -> bool:
+        """Whether stage 3's gathering hooks are registered now (False below stage 3, or while removed)."""
+        return self.stage3 is not None and bool(self.stage3.module_hook_handles)
+
     @staticmethod
     def keep_gathered(unit: Unit, keep: bool) -> None:
         unit.set_persistent(keep)
