@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import attrs
+
 import dsconfig
 from dsconfig import CometConfig, CSVMonitorConfig, TensorBoardConfig, WandbConfig
 

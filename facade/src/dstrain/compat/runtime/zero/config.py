@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import warnings
 from enum import IntEnum
-from typing import Any
+from typing import Any, ClassVar
 
 import attrs
+
 import dsconfig
 
 
@@ -46,8 +47,8 @@ FIELD_NAMES = {
 class _Section:
     """Attribute access to a dsconfig section under DeepSpeed's names; read-only, as dsconfig's are frozen."""
 
-    _section: str = ""
-    _names: dict[str, str] = {}
+    _section: ClassVar[str] = ""
+    _names: ClassVar[dict[str, str]] = {}
 
     def __init__(self, **fields: Any):
         with warnings.catch_warnings():  # old key names are DeepSpeed's own spellings here, accepted quietly
