@@ -1,7 +1,7 @@
 """DeepSpeed module paths its own unit tests import (issue 35, round 2), each resolved under the alias and used:
 `deepspeed.runtime.zero.config` (tests/unit/runtime/zero/test_zero_config.py's expectations),
 `deepspeed.monitor.*` (tests/unit/monitor/test_monitor.py's imports, a CSV monitor writing real files) and
-`deepspeed.profiling.flops_profiler` (a profile of a real model). One subprocess: the alias is process-wide."""
+`deepspeed.profiling.flops_profiler` (a profile of a real model), `deepspeed.runtime.pipe.schedule`. One subprocess: the alias is process-wide."""
 
 import subprocess
 import sys
@@ -22,6 +22,7 @@ from deepspeed.monitor.comet import CometMonitor
 from deepspeed.monitor.monitor import MonitorMaster
 from deepspeed.profiling.flops_profiler import FlopsProfiler, get_model_profile
 import dsconfig, dsmonitor
+import deepspeed.runtime.pipe.schedule as schedule
 
 # ZeRO config: DeepSpeed's deprecated keys, aliases and stage-dependent defaults
 assert isinstance(DeepSpeedZeroConfig(cpu_offload_param=True).offload_param, DeepSpeedZeroOffloadParamConfig)
@@ -76,6 +77,13 @@ flops, macs, params = get_model_profile(torch.nn.Linear(10, 5), input_shape=(2, 
                                         as_string=False)
 assert (macs, params) == (100, 55) and flops == 2 * macs, (flops, macs, params)
 assert deepspeed.profiling.flops_profiler.FlopsProfiler is FlopsProfiler is dsmonitor.FlopsProfiler
+# DeepSpeed's step-wise pipeline schedule: the last of 3 stages never sends activations, one optimizer step
+sched = schedule.TrainSchedule(micro_batches=4, stages=3, stage_id=2)
+steps = list(sched)
+assert len(steps) == 2 * (4 + 3 - 1) and sched.is_last_stage and not sched.is_first_stage
+assert not any(isinstance(c, (schedule.SendActivation, schedule.RecvGrad)) for step in steps for c in step)
+assert sum(isinstance(c, schedule.BackwardPass) for step in steps for c in step) == 4
+assert steps[-1][-1] == schedule.OptimizerStep() and deepspeed.runtime.pipe.schedule is schedule
 print("round2 paths ok")
 """
 

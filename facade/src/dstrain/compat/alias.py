@@ -93,6 +93,7 @@ MAPPED_PATHS: dict[str, str] = {
     "deepspeed.runtime.pipe": "dstrain.pipe",
     "deepspeed.runtime.pipe.module": "dstrain.pipe",
     "deepspeed.runtime.pipe.topology": "dstrain.runtime.pipe_topology",
+    "deepspeed.runtime.pipe.schedule": "dspipe.schedules.steps",
     # data efficiency (dsdata)
     "deepspeed.runtime.data_pipeline": "dstrain.runtime.data_pipeline",
     "deepspeed.runtime.data_pipeline.curriculum_scheduler": "dstrain.runtime.data_pipeline.curriculum_scheduler",
@@ -130,7 +131,8 @@ PUBLIC_PATHS: dict[str, str] = {
 _PROVIDERS = {"dstrain.pipe": "dspipe", "dstrain.moe": "dsmoe", f"{_C}.pipe": "dspipe", f"{_C}.moe": "dsmoe",
               "dstrain.sequence": "dsseq", f"{_C}.sequence": "dsseq", "dstrain.runtime.sequence_parallel": "dsseq",
               f"{_C}.runtime.sequence_parallel": "dsseq", "dstrain.runtime.data_pipeline": "dsdata",
-              f"{_C}.runtime.data_pipeline": "dsdata"}
+              f"{_C}.runtime.data_pipeline": "dsdata",
+              "dspipe.schedules": "dspipe"}
 
 
 def libraries_behind(target: str) -> list[str]:
