@@ -23,6 +23,9 @@ from deepspeed.monitor.monitor import MonitorMaster
 from deepspeed.profiling.flops_profiler import FlopsProfiler, get_model_profile
 import dsconfig, dsmonitor
 import deepspeed.runtime.pipe.schedule as schedule
+from deepspeed.utils import (safe_get_local_fp32_param, safe_get_local_grad, safe_get_local_optimizer_state,
+                             safe_set_full_grad)
+import dszero
 
 # ZeRO config: DeepSpeed's deprecated keys, aliases and stage-dependent defaults
 assert isinstance(DeepSpeedZeroConfig(cpu_offload_param=True).offload_param, DeepSpeedZeroOffloadParamConfig)
@@ -84,6 +87,10 @@ assert len(steps) == 2 * (4 + 3 - 1) and sched.is_last_stage and not sched.is_fi
 assert not any(isinstance(c, (schedule.SendActivation, schedule.RecvGrad)) for step in steps for c in step)
 assert sum(isinstance(c, schedule.BackwardPass) for step in steps for c in step) == 4
 assert steps[-1][-1] == schedule.OptimizerStep() and deepspeed.runtime.pipe.schedule is schedule
+# the fragment API's local functions are dszero's (their behaviour: dszero's tests/test_fragments.py)
+assert (safe_get_local_fp32_param, safe_get_local_grad, safe_get_local_optimizer_state, safe_set_full_grad) == (
+    dszero.safe_get_local_fp32_param, dszero.safe_get_local_grad, dszero.safe_get_local_optimizer_state,
+    dszero.safe_set_full_grad)
 print("round2 paths ok")
 """
 
