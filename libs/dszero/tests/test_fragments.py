@@ -62,3 +62,47 @@ def test_a_parameter_no_optimizer_trains_is_named():
     frozen = torch.nn.Parameter(torch.zeros(2, 3))
     with pytest.raises(dszero.ZeroError, match=r"shape \(2, 3\) is not trained by a ZeroOptimizer"):
         dszero.safe_get_full_fp32_param(frozen)
+
+
+def local_pieces(rank, world, stage):
+    model = make_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    zero = dszero.ZeroOptimizer(model, opt, ZeroConfig(stage=stage, reduce_bucket_size=500,
+                                                       stage3_param_persistence_threshold=0))
+    weight = dict(model.named_parameters())["blocks.0.mlp.0.weight"]
+    zero.backward(loss_of(model, _batch(rank, world)))
+    span = dszero.fragments.local_range(weight)
+    grad = dszero.safe_get_local_grad(weight)
+    value = dszero.safe_get_local_fp32_param(weight)
+    shape = tuple(dszero.safe_get_full_fp32_param(weight).shape)  # the whole shape (partitioned at stage 3)
+    if stage >= 2:
+        dszero.safe_set_full_grad(weight, torch.full(shape, 0.25))
+        set_grad = dszero.safe_get_full_grad(weight)
+    else:
+        with pytest.raises(dszero.ZeroError, match=f"stage {stage} gradients are reduced only at the step"):
+            dszero.safe_set_full_grad(weight, torch.zeros(shape))
+        set_grad = None
+    with pytest.raises(dszero.ZeroError, match="value has shape"):
+        dszero.safe_set_full_grad(weight, torch.zeros(3))
+    zero.step()
+    exp_avg = dszero.safe_get_local_optimizer_state(weight, "exp_avg")
+    return span, grad, value, set_grad, exp_avg
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_local_pieces_tile_the_whole_parameter_and_a_set_gradient_is_the_one_stepped(stage):
+    grad_ref, _, _ = reference()
+    start_value = make_model().state_dict()["blocks.0.mlp.0.weight"].reshape(-1)
+    got = sorted(run_ranks(local_pieces, 2, stage, timeout=120), key=lambda r: r[0])
+    spans = [r[0] for r in got]
+    assert spans[0][0] == 0 and spans[-1][1] == grad_ref.numel() and spans[0][1] == spans[1][0]  # the two tile it
+    assert all(r[1].dtype == torch.float32 and r[1].dim() == 1 for r in got)
+    torch.testing.assert_close(torch.cat([r[1] for r in got]), grad_ref.reshape(-1), rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(torch.cat([r[2] for r in got]), start_value, rtol=0, atol=0)
+    exp_avg = torch.cat([r[4] for r in got])
+    if stage >= 2:
+        for r in got:
+            assert torch.all(r[3] == 0.25)
+        torch.testing.assert_close(exp_avg, torch.full_like(exp_avg, 0.1 * 0.25))  # AdamW's first m: (1 - 0.9) g
+    else:
+        torch.testing.assert_close(exp_avg, 0.1 * grad_ref.reshape(-1), rtol=1e-5, atol=1e-8)

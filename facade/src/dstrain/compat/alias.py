@@ -49,6 +49,7 @@ MAPPED_PATHS: dict[str, str] = {
     "deepspeed.runtime.utils": "dstrain.runtime.utils",
     "deepspeed.runtime.zero": "dstrain.runtime.zero",
     "deepspeed.runtime.zero.offload_config": "dstrain.runtime.zero.offload_config",
+    "deepspeed.runtime.zero.config": "dstrain.runtime.zero.config",
     "deepspeed.runtime.zero.partition_parameters": "dszero.partition_parameters",
     "deepspeed.runtime.zero.stage_1_and_2": "dstrain.runtime.zero.stage_1_and_2",
     "deepspeed.runtime.zero.stage3": "dstrain.runtime.zero.stage3",
@@ -70,6 +71,15 @@ MAPPED_PATHS: dict[str, str] = {
     "deepspeed.ops.lamb": "dstrain.ops",
     "deepspeed.ops.transformer": "dstrain.ops.transformer",
     "deepspeed.monitor": "dsmonitor",
+    "deepspeed.monitor.monitor": f"{_C}.monitor.monitor",
+    "deepspeed.monitor.config": f"{_C}.monitor.config",
+    "deepspeed.monitor.tensorboard": f"{_C}.monitor.tensorboard",
+    "deepspeed.monitor.wandb": f"{_C}.monitor.wandb",
+    "deepspeed.monitor.csv_monitor": f"{_C}.monitor.csv_monitor",
+    "deepspeed.monitor.comet": f"{_C}.monitor.comet",
+    "deepspeed.profiling": f"{_C}.profiling",
+    "deepspeed.profiling.flops_profiler": "dsmonitor.profiler",
+    "deepspeed.profiling.flops_profiler.profiler": "dsmonitor.profiler.profiler",
     "deepspeed.launcher": f"{_C}.launcher",
     "deepspeed.launcher.runner": f"{_C}.launcher.runner",
     "deepspeed.compression": f"{_C}.compression",
@@ -83,6 +93,7 @@ MAPPED_PATHS: dict[str, str] = {
     "deepspeed.runtime.pipe": "dstrain.pipe",
     "deepspeed.runtime.pipe.module": "dstrain.pipe",
     "deepspeed.runtime.pipe.topology": "dstrain.runtime.pipe_topology",
+    "deepspeed.runtime.pipe.schedule": "dspipe.schedules.steps",
     # data efficiency (dsdata)
     "deepspeed.runtime.data_pipeline": "dstrain.runtime.data_pipeline",
     "deepspeed.runtime.data_pipeline.curriculum_scheduler": "dstrain.runtime.data_pipeline.curriculum_scheduler",
@@ -120,7 +131,8 @@ PUBLIC_PATHS: dict[str, str] = {
 _PROVIDERS = {"dstrain.pipe": "dspipe", "dstrain.moe": "dsmoe", f"{_C}.pipe": "dspipe", f"{_C}.moe": "dsmoe",
               "dstrain.sequence": "dsseq", f"{_C}.sequence": "dsseq", "dstrain.runtime.sequence_parallel": "dsseq",
               f"{_C}.runtime.sequence_parallel": "dsseq", "dstrain.runtime.data_pipeline": "dsdata",
-              f"{_C}.runtime.data_pipeline": "dsdata"}
+              f"{_C}.runtime.data_pipeline": "dsdata",
+              "dspipe.schedules": "dspipe"}
 
 
 def libraries_behind(target: str) -> list[str]:

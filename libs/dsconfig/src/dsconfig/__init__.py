@@ -14,7 +14,7 @@ from .errors import ConfigError, ConfigWarning, Problem
 from .fields import AUTO
 from .jsonio import read_source
 from .keys import requested_unsupported
-from .loader import load
+from .loader import load, load_section
 from .resources import MachineLimits, resource_problems
 from .schema import json_schema
 from .sections import (
@@ -110,6 +110,7 @@ __all__ = [
     "__version__",
     "json_schema",
     "load",
+    "load_section",
     "read_source",
     "requested_unsupported",
     "resolve_auto",

@@ -78,6 +78,9 @@ KNOWN_KEYS: dict[tuple[str, str], KnownKey] = {
     ("zero_optimization", "cpu_offload_params"): KnownKey(
         "migrated", "deprecated; use zero_optimization.offload_param: {\"device\": \"cpu\"}",
         migrate=_cpu_offload_params),
+    ("zero_optimization", "cpu_offload_param"): KnownKey(  # DeepSpeed's field name (cpu_offload_params: its alias)
+        "migrated", "deprecated; use zero_optimization.offload_param: {\"device\": \"cpu\"}",
+        migrate=_cpu_offload_params),
     ("zero_optimization", "cpu_offload_use_pin_memory"): KnownKey(
         "migrated", "deprecated; use pin_memory inside offload_param / offload_optimizer", migrate=_pin_memory_only),
     # ---- keys whose effect dstrain always has, or that do nothing where they are

@@ -79,6 +79,34 @@ def _load_dict(raw: dict, *, world_size: int, strict: bool) -> DeepSpeedConfig:
     return _apply_rules(cfg, strict)
 
 
+def load_section(name: str, raw: Any, *, strict: bool = True) -> Any:
+    """Load one top-level section (`"zero_optimization"`, `"tensorboard"`, ...) on its own, as `load` reads it
+    inside a whole config: old key names migrated, types structured, bounds checked. The cross-section rules
+    (which need the rest of a config) do not run. An unknown section name is a ConfigError naming it."""
+    fields = {f.name: f for f in attrs.fields(DeepSpeedConfig)}
+    section_cls, is_mapping = nested_class(fields[name].type) if name in fields else (None, False)
+    if section_cls is None or is_mapping:
+        raise ConfigError(Problem(name, "is not a section of the DeepSpeed config", name))
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(Problem(name, "must be a mapping", raw))
+    report = KeyReport()
+    cleaned = clean_keys({name: raw}, DeepSpeedConfig, "", report)
+    problems = list(report.errors)
+    value = None
+    try:
+        value = CONVERTER.structure(cleaned.get(name, {}), section_cls)
+    except Exception as exc:
+        problems += problems_from(exc, name)
+    if value is not None:
+        problems += _check_bounds(value, name)
+    _report_keys(report, strict, problems)
+    if problems:
+        raise ConfigError(problems)
+    return value
+
+
 def _batch_triple(cleaned: dict, world_size: int, failed: list[str]) -> tuple[dict, list[Problem]]:
     if any(key in failed for key in BATCH_KEYS):
         return {}, []

@@ -19,7 +19,11 @@ from .fragments import (
     safe_get_full_fp32_param,
     safe_get_full_grad,
     safe_get_full_optimizer_state,
+    safe_get_local_fp32_param,
+    safe_get_local_grad,
+    safe_get_local_optimizer_state,
     safe_set_full_fp32_param,
+    safe_set_full_grad,
 )
 from .held import HeldParameters
 from .inference import ZeroInference
@@ -67,7 +71,11 @@ __all__ = [
     "safe_get_full_fp32_param",
     "safe_get_full_grad",
     "safe_get_full_optimizer_state",
+    "safe_get_local_fp32_param",
+    "safe_get_local_grad",
+    "safe_get_local_optimizer_state",
     "safe_set_full_fp32_param",
+    "safe_set_full_grad",
     "set_z3_leaf_modules",
     "unset_z3_leaf_modules",
 ]

@@ -1,8 +1,15 @@
 """One parameter's whole fp32 value, gradient or optimizer state, assembled from ZeRO's shards.
 
 DeepSpeed's `safe_get_full_fp32_param` and friends, for code that inspects or edits a parameter by
-hand (weight surgery, logging a gradient). Every function is collective over the parameter's group:
-call it on every rank of the data-parallel group with the same parameter.
+hand (weight surgery, logging a gradient). The `full` functions are collective over the parameter's group:
+call them on every rank of the data-parallel group with the same parameter.
+
+The `local` functions (`safe_get_local_fp32_param`, `safe_get_local_grad`, `safe_get_local_optimizer_state`)
+answer this rank's piece of the parameter without communication: the elements of the parameter that fall in
+this rank's shard of its group's flat buffer, as a 1-D fp32 tensor in the parameter's flattened order (empty
+where the rank holds none of it). Unlike DeepSpeed's ZeRO-3, where every parameter is cut into equal pieces,
+dszero cuts the group's buffer, so a piece's length depends on where the parameter lies in it:
+`local_range(param)` says which elements are this rank's.
 """
 
 from __future__ import annotations
@@ -80,3 +87,69 @@ def safe_get_full_optimizer_state(param: torch.Tensor, optim_state_key: str) -> 
             raise ZeroError(f"{slot.name} has no optimizer state {optim_state_key!r}; it has {sorted(state)} (the "
                             f"optimizer creates its state at the first step)")
         return whole_slot(state[optim_state_key].float(), group.layout, slot, group.group)
+
+
+def local_range(param: torch.Tensor) -> tuple[int, int]:
+    """[start, end) of this rank's elements of `param` (its flattened order); start == end when it holds none."""
+    _, group, slot = _locate(param)
+    lo, hi = group.layout.shard_range(group.shard_rank)
+    start, end = max(lo, slot.offset), min(hi, slot.end)
+    return (start - slot.offset, end - slot.offset) if start < end else (0, 0)
+
+
+def _shard_slice(param: torch.Tensor) -> tuple[ZeroOptimizer, Any, Slot, slice]:
+    zero, group, slot = _locate(param)
+    first, last = local_range(param)
+    lo = group.layout.shard_range(group.shard_rank)[0]
+    return zero, group, slot, slice(slot.offset + first - lo, slot.offset + last - lo)
+
+
+def safe_get_local_fp32_param(param: torch.Tensor) -> torch.Tensor:
+    """This rank's piece of the parameter's master (fp32) value (see the module docstring); no communication."""
+    zero, group, _, piece = _shard_slice(param)
+    with zero.stepper.resident():
+        return group.master[piece].float().clone()
+
+
+def safe_get_local_grad(param: torch.Tensor) -> torch.Tensor:
+    """This rank's piece of the gradient the next step() applies (reduced, averaged, unscaled), fp32. No
+    communication at stages 2 and 3; at stages 0 and 1 the gradients are reduced only at the step, so it
+    reduces this parameter's gradient (collective, as safe_get_full_grad). Call it after the backward passes."""
+    zero, group, slot, piece = _shard_slice(param)
+    zero.finish_backward()
+    index = zero.groups.index(group)
+    shard = zero.reducer.grad_shard(index)
+    if shard is None:
+        first, last = local_range(param)
+        return zero.reducer.full_grad(index, slot, zero.gradient_unscale).reshape(-1)[first:last].clone()
+    return shard[piece].float() / zero.gradient_unscale
+
+
+def safe_get_local_optimizer_state(param: torch.Tensor, optim_state_key: str) -> torch.Tensor:
+    """This rank's piece of the parameter's optimizer state `optim_state_key`, fp32; no communication."""
+    zero, group, slot, piece = _shard_slice(param)
+    with zero.stepper.resident():
+        state = zero.optimizer.state.get(group.master_param, {})
+        if optim_state_key not in state or not torch.is_tensor(state[optim_state_key]):
+            raise ZeroError(f"{slot.name} has no optimizer state {optim_state_key!r}; it has {sorted(state)} (the "
+                            f"optimizer creates its state at the first step)")
+        return state[optim_state_key][piece].float().clone()
+
+
+def safe_set_full_grad(param: torch.Tensor, value: torch.Tensor) -> None:
+    """Make `value` the gradient the next step() applies to the parameter (as safe_get_full_grad would answer
+    it). Call it on every rank with the same value, after the backward passes and before step(); each rank
+    keeps its piece, without communication. Stages 2 and 3 only: at stages 0 and 1 the gradients are reduced
+    at the step itself, from every rank's own."""
+    zero, group, slot, piece = _shard_slice(param)
+    if tuple(value.shape) != tuple(slot.shape):
+        raise ZeroError(f"safe_set_full_grad({slot.name}): value has shape {tuple(value.shape)}, the parameter "
+                        f"{tuple(slot.shape)}")
+    zero.finish_backward()
+    shard = zero.reducer.grad_shard(zero.groups.index(group))
+    if shard is None:
+        raise ZeroError(f"safe_set_full_grad({slot.name}): at ZeRO stage {zero.stage} gradients are reduced only at "
+                        f"the step, from each rank's own; setting the reduced gradient needs stage 2 or 3")
+    first, last = local_range(param)
+    flat = value.detach().reshape(-1)[first:last].to(device=shard.device, dtype=torch.float32)
+    shard[piece].copy_(flat * zero.gradient_unscale)

@@ -133,6 +133,10 @@ class FlatReducer:
             flat.zero_()
             self._reattach(group, flat)
 
+    def grad_shard(self, index: int) -> torch.Tensor | None:
+        """None: the gradients are reduced only at the step, so no rank holds its reduced shard before it."""
+        return None
+
     def full_grad(self, index: int, slot: Slot, unscale: float) -> torch.Tensor:
         """One parameter's gradient as the step will apply it (reduced, averaged, unscaled), in fp32;
         collective over its group (the buffers are reduced only at the step, so a copy is reduced here)."""
@@ -340,6 +344,11 @@ class BucketReducer:
     def reduce(self) -> list[torch.Tensor]:
         self.finish_backward()
         return self.grad_shards
+
+    def grad_shard(self, index: int) -> torch.Tensor:
+        """This rank's reduced (averaged, still loss-scaled) gradient shard of group `index`, after
+        finish_backward(); writing into it changes what the step applies."""
+        return self.grad_shards[index]
 
     def full_grad(self, index: int, slot: Slot, unscale: float) -> torch.Tensor:
         """One parameter's reduced gradient, gathered from the shards and unscaled, in fp32 (collective)."""

@@ -336,6 +336,11 @@ class Stage3:
     def finish_backward(self) -> None:
         self._complete_reductions()  # backward's end completed them already; a direct call waits here
 
+    def grad_shard(self, index: int) -> torch.Tensor:
+        """This rank's reduced (averaged, still loss-scaled) gradient shard of unit `index`, after
+        finish_backward(); writing into it changes what the step applies."""
+        return self.units[index].grad_shard
+
     def full_grad(self, index: int, slot: Slot, unscale: float) -> torch.Tensor:
         """One parameter's reduced gradient, gathered from its unit's shards and unscaled, in fp32 (collective)."""
         unit = self.units[index]

@@ -2,6 +2,7 @@
 
     from dstrain.utils import logger, log_dist, RepeatingLoader, groups, safe_get_full_fp32_param
     from dstrain.utils import set_z3_leaf_modules    # ZeRO-3 leaf modules (dszero.leaf_modules)
+    from dstrain.utils import safe_get_local_grad, safe_set_full_grad   # dszero.fragments
 """
 
 from __future__ import annotations
@@ -16,7 +17,11 @@ from dszero import (
     safe_get_full_fp32_param,
     safe_get_full_grad,
     safe_get_full_optimizer_state,
+    safe_get_local_fp32_param,
+    safe_get_local_grad,
+    safe_get_local_optimizer_state,
     safe_set_full_fp32_param,
+    safe_set_full_grad,
     set_z3_leaf_modules,
     unset_z3_leaf_modules,
 )
@@ -43,6 +48,7 @@ def log_dist(message: str, ranks: Iterable[int] | None = None, level: int = logg
 
 
 __all__ = ["RepeatingLoader", "SynchronizedWallClockTimer", "get_z3_leaf_modules", "groups", "log_dist", "logger",
-           "safe_get_full_fp32_param", "safe_get_full_grad", "safe_get_full_optimizer_state", "safe_set_full_fp32_param",
+           "safe_get_full_fp32_param", "safe_get_full_grad", "safe_get_full_optimizer_state", "safe_get_local_fp32_param",
+           "safe_get_local_grad", "safe_get_local_optimizer_state", "safe_set_full_fp32_param", "safe_set_full_grad",
            "set_z3_leaf_module", "set_z3_leaf_modules", "set_z3_leaf_modules_by_name", "set_z3_leaf_modules_by_suffix",
            "unset_z3_leaf_modules", "z3_leaf_module", "z3_leaf_parameter"]

@@ -21,6 +21,8 @@ class CSVMonitor:
 
     def __init__(self, config, *, subdir: str = "") -> None:
         self.log_dir = log_dir(config.output_path, config.job_name, subdir)
+        # the config's fields under DeepSpeed's monitor attribute names
+        self.enabled, self.output_path, self.job_name = config.enabled, config.output_path, config.job_name
         os.makedirs(self.log_dir, exist_ok=True)
         self._files: dict[str, tuple[IO[str], Any]] = {}
         self._names_by_file: dict[str, str] = {}

@@ -16,6 +16,8 @@ class TensorBoardMonitor:
         require("tensorboard", "tensorboard", "The TensorBoard monitor")
         summary = require("torch.utils.tensorboard", "tensorboard", "The TensorBoard monitor")
         self.log_dir = log_dir(config.output_path, config.job_name, subdir)
+        # the config's fields under DeepSpeed's monitor attribute names
+        self.enabled, self.output_path, self.job_name = config.enabled, config.output_path, config.job_name
         os.makedirs(self.log_dir, exist_ok=True)
         self._writer = summary.SummaryWriter(log_dir=self.log_dir)
 

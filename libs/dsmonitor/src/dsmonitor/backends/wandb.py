@@ -13,6 +13,8 @@ class WandbMonitor:
     name = "wandb"
 
     def __init__(self, config, *, run_name: str | None = None, dir: str | None = None) -> None:
+        # the config's fields under DeepSpeed's monitor attribute names
+        self.enabled, self.group, self.team, self.project = config.enabled, config.group, config.team, config.project
         wandb = require("wandb", "wandb", "The W&B monitor")
         # wandb reads WANDB_DIR / WANDB_MODE once per process; passing them makes each monitor
         # follow the environment as it is when the monitor is built.

@@ -8,7 +8,7 @@
 - `ReduceEachUnit`: each unit's gradient reduce-scattered as its backward ends, by the hooks that
   gather and release the units (stage 3). stage3.Stage3.
 
-Every reducer answers the same calls (reduce, zero, set_sync, finish_backward, full_grad,
+Every reducer answers the same calls (reduce, zero, set_sync, finish_backward, full_grad, grad_shard,
 unused_parameters, settings, buffer_bytes, comm_buffer_bytes), so the optimizer never asks which.
 """
 

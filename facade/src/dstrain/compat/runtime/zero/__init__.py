@@ -7,7 +7,7 @@ from dszero import GatheredParameters, Init, ZeroParamStatus
 from ...lazy import submodule_attributes
 
 __getattr__ = submodule_attributes(__name__, {"partition_parameters": "dszero.partition_parameters",
-                                              "offload_config": ".offload_config",
+                                              "offload_config": ".offload_config", "config": ".config",
                                               "stage_1_and_2": ".stage_1_and_2", "stage3": ".stage3"},
                                  "deepspeed.runtime.zero")
 
