@@ -317,3 +317,27 @@ def test_each_of_the_references_stage_3_constraints_is_refused_by_its_key():
     for key, message in run_ranks(refusals, 2, timeout=120)[0].items():
         assert message is not None and key in message, (key, message)
     # and nothing else: AutoEP at stage 3 itself trains (test_autoep_at_zero_3_equals_zero_0_and_one_process)
+
+
+def released_in_backward(rank, world):
+    # Nothing kept for reuse or prefetched: every unit is gathered only while its module runs.
+    engine, *_ = dstrain.initialize(model=mixtral(), config=config(3, ep=1, stage3_max_reuse_distance=0,
+                                                                  stage3_prefetch_bucket_size=0))
+    units = engine.optimizer.groups
+    last = {id(p) for p in engine.module.model.layers[-1].parameters()}
+    seen = []  # at the first layer's backward: what the last layer (its experts and attention) has gathered
+    engine.module.model.layers[0].register_full_backward_pre_hook(lambda m, g: seen.append(
+        sum(u.gathered_bytes() for u in units if id(u.params[0]) in last)))
+    for step in range(2):
+        out = engine(**tokens(step, rank))
+        engine.backward(out.loss)
+        engine.step()
+    return seen, [u.names[0] for u in units if "experts" in u.names[0]]
+
+
+def test_autoep_at_zero_3_releases_a_layer_once_its_backward_is_done():
+    # The experts are an optimizer group of their own; units are still reduced and released layer by layer
+    # (they used to wait, gathered, for the first layer's unit of the other group until backward ended).
+    for seen, experts in run_ranks(released_in_backward, 2, timeout=120):
+        assert len(experts) == 2  # a unit of stacked experts per layer
+        assert seen == [0, 0]

@@ -8,15 +8,18 @@ experts over their expert-data group), `--tokens` tokens per rank per step, one 
    autoep_size: the step's time (median of --steps after one warm-up step; rounds alternate the stages, and
    the figure is the median over rounds) and the peak parameter + optimizer memory of the busier rank:
    the bytes of parameters, master weights and optimizer state it holds (dszero's memory_report), plus at
-   stage 3 the most parameters gathered at once during the step (sampled at every layer's forward and
-   backward).
+   stage 3 the most parameters gathered at once during the step (sampled right after every gather of a
+   module's forward and backward).
 2. With --deepspeed-python: the same expert shapes in a DeepSeek-V3 model (4 MoE layers, one shared expert,
    one group), the family DeepSpeed 0.19.8's AutoEP converts under transformers 5.24 (its Mixtral conversion
    fails there, in transformers' output-recorder registry), dstrain against DeepSpeed, both at ZeRO-3 with
    the same autoep_size, alternating over the rounds; DeepSpeed runs in its own interpreter, two processes.
 
 At stage 3, --max-live-parameters / --max-reuse-distance set stage3_max_live_parameters and
-stage3_max_reuse_distance (both sides); unset, the reference's defaults (1e9 elements).
+stage3_max_reuse_distance (both sides); unset, the reference's defaults (1e9 elements). --prefetch-bucket-size
+sets stage3_prefetch_bucket_size on both sides, by default 5e7, what DeepSpeed 0.19.8's code uses when it is
+unset (its documentation, and so dsconfig, say 5e8, more than this model's 370M elements: everything would be
+prefetched from the second step on, the whole model gathered at once).
 
     flock /tmp/dstrain-bench.lock .venv/bin/python libs/dsmoe/bench/bench_autoep_zero3.py \\
         --deepspeed-python /work/tmp/dsvenv/bin/python \\
@@ -73,6 +76,8 @@ def _initialised(model: torch.nn.Module) -> torch.nn.Module:
 def ds_config(stage: int, ep: int, args: argparse.Namespace, deepspeed_side: bool = False) -> dict:
     adamw = {"lr": 1e-4, "weight_decay": 0.0, **({"torch_adam": True} if deepspeed_side else {})}
     zero = {"stage": stage, "stage3_param_persistence_threshold": 0, "reduce_bucket_size": 50_000_000}
+    if stage == 3:  # both sides the same (dstrain's default is the reference's documented 5e8, its code's 5e7)
+        zero["stage3_prefetch_bucket_size"] = int(args.prefetch_bucket_size)
     if stage == 3:  # unset: the reference's defaults (1e9 elements)
         zero.update({key: int(value) for key, value in (("stage3_max_live_parameters", args.max_live_parameters),
                                                         ("stage3_max_reuse_distance", args.max_reuse_distance))
@@ -88,15 +93,17 @@ def batch(args: argparse.Namespace, rank: int, step: int) -> dict[str, torch.Ten
 
 
 class GatheredPeak:
-    """The most stage-3 parameter bytes gathered at once, sampled after every decoder layer's forward and
-    before its backward."""
+    """The most stage-3 parameter bytes gathered at once (prefetched ones included), sampled in every module
+    that stage 3 gathers for, right after its gather: hooks registered after stage 3's run after its own
+    forward pre-hook and backward pre-hook."""
 
     def __init__(self, engine):
-        self.units = getattr(engine.optimizer, "groups", []) if engine.optimizer.partitions_parameters else []
+        partitioned = engine.optimizer.partitions_parameters
+        self.units = getattr(engine.optimizer, "groups", []) if partitioned else []
         self.peak = 0
-        for layer in engine.module.model.layers:
-            layer.register_forward_hook(lambda *_: self.sample())
-            layer.register_full_backward_pre_hook(lambda *_: self.sample())
+        for module in getattr(engine.optimizer.reducer, "hooked_modules", []) if partitioned else []:
+            module.register_forward_pre_hook(lambda *_: self.sample())
+            module.register_full_backward_pre_hook(lambda *_: self.sample())
 
     def sample(self) -> None:
         self.peak = max(self.peak, sum(unit.gathered_bytes() for unit in self.units))
@@ -164,7 +171,7 @@ def run_deepspeed(args: argparse.Namespace, ep: int) -> dict:
         port = probe.getsockname()[1]
     shape = [f"--{key.replace('_', '-')}={getattr(args, key)}" for key in
              ("tokens", "layers", "hidden", "ffn", "experts", "top_k", "steps", "max_live_parameters",
-              "max_reuse_distance") if getattr(args, key) is not None]
+              "max_reuse_distance", "prefetch_bucket_size") if getattr(args, key) is not None]
     argv = [args.deepspeed_python, __file__, "--deepspeed-side", *shape, "--ep", str(ep)]
     procs = []
     for rank in range(2):
@@ -192,6 +199,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3, help="timed steps after one warm-up step")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--ep", type=int, nargs="+", default=[1, 2], help="autoep_size values")
+    parser.add_argument("--prefetch-bucket-size", type=float, default=5e7,
+                        help="stage3_prefetch_bucket_size, both sides (default: DeepSpeed 0.19.8's code default)")
     parser.add_argument("--max-live-parameters", type=float, help="stage3_max_live_parameters (default: unset)")
     parser.add_argument("--max-reuse-distance", type=float, help="stage3_max_reuse_distance (default: unset)")
     parser.add_argument("--deepspeed-python", help="an interpreter with deepspeed 0.19.8 (a throwaway venv)")

@@ -104,3 +104,35 @@ def test_unit_reduce_scatters_run_beside_the_rest_of_backward():
         # Later units' reductions are still in flight when earlier modules' backward starts (at most two),
         # and none is left once backward has ended.
         assert 1 <= running <= 2 and after == 0
+
+
+def gathered_during_backward_with_two_groups(rank, world):
+    # Two optimizer groups (a weight-decay split: matrices, then biases and norms), so the optimizer's unit order
+    # is every matrix unit, then every bias unit; nothing kept for reuse or prefetched.
+    model = make_model(layers=3)
+    matrices = [p for p in model.parameters() if p.dim() >= 2]
+    vectors = [p for p in model.parameters() if p.dim() < 2]
+    largest_block = max(sum(p.numel() for p in block.parameters()) for block in model.blocks) * 4  # bytes, float32
+    optimizer = torch.optim.SGD([{"params": matrices}, {"params": vectors, "weight_decay": 0.0}], lr=0.1)
+    zero = dszero.ZeroOptimizer(model, optimizer, ZeroConfig(stage=3, stage3_param_persistence_threshold=0,
+                                                             stage3_max_reuse_distance=0,
+                                                             stage3_prefetch_bucket_size=0))
+    last = {id(p) for p in model.blocks[-1].parameters()}
+    seen = []  # at the first block's backward: the last block's gathered bytes, and everything gathered
+    model.blocks[0].register_full_backward_pre_hook(lambda m, g: seen.append(
+        (sum(u.gathered_bytes() for u in zero.groups if id(u.params[0]) in last),
+         sum(u.gathered_bytes() for u in zero.groups))))
+    for tokens, in batches(2, 1, world, rank):
+        zero.backward(loss_of(model, tokens))
+        zero.step()
+    return seen, largest_block
+
+
+def test_units_of_later_layers_are_released_in_backward_with_several_optimizer_groups():
+    # Reduced in reverse module order, not reverse optimizer order: the last block's units are reduced and
+    # released before the first block's backward, though the first block's biases come last in the optimizer.
+    for seen, largest_block in run_ranks(gathered_during_backward_with_two_groups, 2, timeout=60):
+        assert len(seen) == 2
+        for last_block, everything in seen:
+            assert last_block == 0
+            assert everything <= 2 * largest_block

@@ -76,14 +76,22 @@ class Stage3:
         self.hooked_modules: list[torch.nn.Module] = []  # the modules whose hooks gather their units
         self.module_hook_handles: list[Any] = []
         self.handed: dict[int, torch.Tensor] = {}  # id(param) -> gradient handed over by accept_gradient
-        for submodule, params in modules_reading(module):
+        module_position: dict[int, int] = {}
+        for position, (submodule, params) in enumerate(modules_reading(module)):
+            module_position[id(submodule)] = position
             used = {id(self.unit_of_param[id(p)]): self.unit_of_param[id(p)]
                     for p in params if id(p) in self.unit_of_param}
             if used:
                 self.units_of_module[id(submodule)] = list(used.values())
                 self.hooked_modules.append(submodule)
         self.restore_module_hooks()
-        self.order = list(reversed(self.units))  # gradients arrive last layer first
+        # Gradients arrive last layer first: units are reduced (and released) in reverse module order. Not in
+        # reverse optimizer order: with several groups (AutoEP's experts, weight-decay groups) that order puts
+        # every unit of one group before all of the next, and a unit waiting for the first layer's unit of an
+        # earlier group would stay gathered, its full gradients held, until backward ends.
+        ranked = sorted(enumerate(units), key=lambda item: (module_position.get(id(item[1].module), len(module_position)),
+                                                            item[0]))
+        self.order = [unit for _, unit in reversed(ranked)]
         self.unit_by_key = {id(u): u for u in self.units}
         self.launcher = InOrderLauncher([len(u.params) for u in self.order], lambda i: self._reduce(self.order[i]),
                                         self._release_all)
