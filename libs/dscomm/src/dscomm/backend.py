@@ -222,6 +222,14 @@ def get_backend(group=None) -> str:
     return dist.get_backend(group) if is_initialized() else default_backend()
 
 
+def collective_device(group=None) -> torch.device:
+    """Where tensors handed to the group's collectives must live: the current GPU for NCCL (it moves device
+    memory only), else the CPU."""
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def get_timeout() -> datetime.timedelta:
     return _timeout
 

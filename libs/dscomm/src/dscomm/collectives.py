@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from . import emulation, watchdog
-from .backend import get_timeout, shut_down_after_failure, shut_down_by
+from .backend import collective_device, get_timeout, shut_down_after_failure, shut_down_by
 from .errors import CommError
 from .logger import LOGGER, Record, Timer
 
@@ -150,9 +150,9 @@ def _staged(group: Any, *tensors: torch.Tensor) -> tuple[tuple[torch.Tensor, ...
     """
     if not torch.cuda.is_available() or all(t.device.type != "cpu" for t in tensors):
         return tensors, None
-    if dist.get_backend(group) != "nccl":
+    device = collective_device(group)
+    if device.type == "cpu":
         return tensors, None
-    device = torch.device("cuda", torch.cuda.current_device())
     moved = tuple(t.to(device) if t.device.type == "cpu" else t for t in tensors)
 
     def copy_back() -> None:

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .backend import collective_device
 from .bandwidth import bandwidths, size_str
 from .logger import LOGGER, Record
 
@@ -69,7 +70,7 @@ def log_summary(show_straggler: bool = False, return_dict: bool = False) -> dict
 def _gather_objects(obj: Any, world: int) -> list[Any]:
     """all_gather of picklable objects; unlike torch's all_gather_object it needs no numpy."""
     # Straight through torch (not dscomm's ops): the summary's own traffic stays out of the log it summarises.
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    device = collective_device()
     payload = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8).to(device)
     sizes = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(world)]
     dist.all_gather(sizes, torch.tensor([payload.numel()], dtype=torch.int64, device=device))
