@@ -8,7 +8,10 @@ and the layering check (tools/check_layers.py, which reads LAYERS and BENCH_LAYE
 
 from __future__ import annotations
 
+import functools
+import os
 import re
+import shutil
 import sys
 import tomllib
 from pathlib import Path
@@ -60,6 +63,24 @@ COMPAT = ROOT / "deepspeed-compat"
 nox.options.sessions = [*LAYERS, *VARIANTS, "dstrain-spine", "gpu-check-dry-run", "deepspeed-compat", "lint"]
 nox.options.reuse_existing_virtualenvs = False
 nox.options.error_on_missing_interpreters = True
+
+
+def _frugal(session_func):
+    """Each session's environment holds its own torch (about 0.8 GB; 2 GB for the facade's): removed when the
+    session ends, so a full run needs the disk of one or two sessions, not of all of them (a CI machine ran out
+    of disk with every environment kept). torch.compile's cache goes inside the environment too. Keep them with
+    DSTRAIN_KEEP_NOX_VENVS=1 (e.g. to rerun one session with `nox -r -s NAME`)."""
+
+    @functools.wraps(session_func)
+    def wrapper(session: nox.Session) -> None:
+        session.env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(session.env_dir / "inductor-cache"))
+        try:
+            session_func(session)
+        finally:
+            if not os.environ.get("DSTRAIN_KEEP_NOX_VENVS") and session.env_dir.is_dir():
+                shutil.rmtree(session.env_dir, ignore_errors=True)
+
+    return wrapper
 
 
 def _project_dir(lib: str) -> Path:
@@ -114,12 +135,13 @@ def _library_session(lib: str, extra: str = "test", absent: tuple[str, ...] = ()
 
 
 for _lib in LAYERS:
-    nox.session(name=_lib)(_library_session(_lib))
+    nox.session(name=_lib)(_frugal(_library_session(_lib)))
 for _name, (_lib, _extra, _absent) in VARIANTS.items():
-    nox.session(name=_name)(_library_session(_lib, _extra, _absent))
+    nox.session(name=_name)(_frugal(_library_session(_lib, _extra, _absent)))
 
 
 @nox.session(name="dstrain-spine")
+@_frugal
 def dstrain_spine(session: nox.Session) -> None:
     """The facade with its required libraries only (no extras: no dspipe, dsmoe, dstp, dsdata, dsseq, dscompile): it
     trains, and refuses what needs a missing library by name (facade/tests_spine)."""
@@ -133,6 +155,7 @@ def dstrain_spine(session: nox.Session) -> None:
 
 
 @nox.session(name="gpu-check-dry-run")
+@_frugal
 def gpu_check_dry_run(session: nox.Session) -> None:
     """tools/gpu_check/run.sh --dry-run: the GPU check's steps on this CPU machine (every library installed with
     pip install --no-deps -e into this session's torch, native cores built, the gpu-marked tests rehearsed on
@@ -146,6 +169,7 @@ def gpu_check_dry_run(session: nox.Session) -> None:
 
 
 @nox.session(name="deepspeed-compat")
+@_frugal
 def deepspeed_compat(session: nox.Session) -> None:
     """dstrain-deepspeed-compat over the facade and every library: `import deepspeed`, its metadata and commands,
     and Hugging Face Transformers / Accelerate / DeepSpeed-Chat runs on dstrain (deepspeed-compat/tests)."""
