@@ -117,7 +117,8 @@ def _run_library_tests(session: nox.Session, lib: str, extra: str = "test", abse
     # One pip call so sibling requirements resolve to the local checkouts, never to PyPI.
     session.install(*FAST_INSTALL, "-c", CONSTRAINTS, *local, f"{_project_dir(lib)}[{extra}]")
     _check_absent(session, absent)
-    session.run("pytest", str(_project_dir(lib) / "tests"), *session.posargs)
+    # The slowest tests named in every run, so CI time stays visible.
+    session.run("pytest", str(_project_dir(lib) / "tests"), "--durations=12", *session.posargs)
 
 
 def _check_absent(session: nox.Session, modules: tuple[str, ...]) -> None:

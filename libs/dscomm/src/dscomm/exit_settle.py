@@ -24,6 +24,9 @@ import time
 
 SETTLE_LIMIT_S = 1.0
 _STEP_S = 0.002
+# A thread blocked on the GIL (taken by this one while it reads /proc) sleeps on a futex, state S, though it
+# is about to run: only several quiet looks in a row, each after a sleep that hands it the GIL, mean idle.
+_QUIET_LOOKS = 3
 
 
 def _other_threads_runnable(own_tid: int) -> bool:
@@ -52,10 +55,12 @@ def settle_threads(limit_s: float = SETTLE_LIMIT_S) -> float:
     the seconds waited."""
     began = time.monotonic()
     own = threading.get_native_id()
+    quiet = 0
     while True:
         time.sleep(_STEP_S)
         waited = time.monotonic() - began
-        if waited >= limit_s or not _other_threads_runnable(own):
+        quiet = 0 if _other_threads_runnable(own) else quiet + 1
+        if waited >= limit_s or quiet >= _QUIET_LOOKS:
             return waited
 
 
