@@ -54,6 +54,7 @@ _LAZY = {  # public name -> (module, attribute); attribute None means the module
     "get_accelerator": ("accelerator", "get_accelerator"),
     "utils": ("compat.utils", None),
     "runtime": ("compat.runtime", None),
+    "elasticity": ("compat.elasticity", None),
     "DeepSpeedConfig": ("compat.runtime.config", "DeepSpeedConfig"),
     "log_dist": ("compat.utils", "log_dist"),
     "DeepSpeedTransformerLayer": ("ops.transformer", "DeepSpeedTransformerLayer"),

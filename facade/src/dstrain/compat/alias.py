@@ -82,6 +82,8 @@ MAPPED_PATHS: dict[str, str] = {
     "deepspeed.profiling.flops_profiler.profiler": "dsmonitor.profiler.profiler",
     "deepspeed.launcher": f"{_C}.launcher",
     "deepspeed.launcher.runner": f"{_C}.launcher.runner",
+    "deepspeed.elasticity": f"{_C}.elasticity",
+    "deepspeed.elasticity.config": f"{_C}.elasticity.config",
     "deepspeed.compression": f"{_C}.compression",
     "deepspeed.compression.helper": f"{_C}.compression.helper",
     "deepspeed.pipe": "dstrain.pipe",

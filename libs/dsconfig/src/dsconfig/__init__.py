@@ -10,6 +10,13 @@ from ._version import __version__
 from .auto import RESOLVABLE as AUTO_RESOLVABLE
 from .auto import resolve_auto
 from .config import DeepSpeedConfig
+from .elasticity import (
+    ElasticityConfig,
+    ElasticityConfigError,
+    ElasticityError,
+    ElasticityIncompatibleWorldSize,
+    compute_elastic_config,
+)
 from .errors import ConfigError, ConfigWarning, Problem
 from .fields import AUTO
 from .jsonio import read_source
@@ -83,6 +90,10 @@ __all__ = [
     "DataSamplingConfig",
     "DataTypesConfig",
     "DeepSpeedConfig",
+    "ElasticityConfig",
+    "ElasticityConfigError",
+    "ElasticityError",
+    "ElasticityIncompatibleWorldSize",
     "DeepSpeedConfigError",
     "ExpertParallelConfig",
     "FP16Config",
@@ -108,6 +119,7 @@ __all__ = [
     "WandbConfig",
     "ZeroConfig",
     "__version__",
+    "compute_elastic_config",
     "json_schema",
     "load",
     "load_section",
