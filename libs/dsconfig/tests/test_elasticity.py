@@ -54,7 +54,7 @@ def test_node_level_version_with_model_parallelism():
         compute_elastic_config(config(version=0.2, model_parallel_size=16, num_gpus_per_node=8), world_size=16)
     with pytest.raises(ElasticityConfigError, match="running world size"):
         compute_elastic_config(config(version=0.2))
-    with pytest.raises(ElasticityConfigError, match="version 0.2"):
+    with pytest.raises(ElasticityConfigError, match=r"version 0\.2"):
         compute_elastic_config(config(model_parallel_size=4, num_gpus_per_node=8))
 
 
@@ -78,7 +78,7 @@ def test_missing_disabled_and_old_targets():
     for bad in ({}, {"elasticity": {"enabled": False}}, config(enabled=False), []):
         with pytest.raises(ElasticityConfigError):
             compute_elastic_config(bad)
-    with pytest.raises(ElasticityError, match="0.3.8"):
+    with pytest.raises(ElasticityError, match=r"0\.3\.8"):
         compute_elastic_config(config(), target_deepspeed_version="0.2")
     assert compute_elastic_config(config(), target_deepspeed_version="0.19.8+cu12")[0] == 9792
 
