@@ -38,6 +38,7 @@ MAPPED_PATHS: dict[str, str] = {
     "deepspeed.checkpointing": "dstrain.checkpointing",
     "deepspeed.checkpoint": f"{_C}.checkpoint",
     "deepspeed.checkpoint.utils": f"{_C}.checkpoint.utils",
+    "deepspeed.checkpoint.constants": f"{_C}.checkpoint.constants",
     "deepspeed.checkpoint.ds_to_universal": "dstrain.checkpoint.ds_to_universal",
     "deepspeed.runtime": "dstrain.runtime",
     "deepspeed.runtime.activation_checkpointing": "dstrain.runtime",
