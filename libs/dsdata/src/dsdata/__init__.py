@@ -9,8 +9,8 @@ engine from the config's `data_efficiency` and legacy `curriculum_learning` sect
 from ._version import __version__
 from .curriculum_scheduler import CurriculumScheduler
 from .data_analyzer import DataAnalyzer
-from .distributed_analyzer import DistributedDataAnalyzer
 from .data_sampler import DataSampler, DeepSpeedDataSampler
+from .distributed_analyzer import DistributedDataAnalyzer
 from .errors import DataEfficiencyError
 from .indexed_dataset import (
     MMapIndexedDataset,
