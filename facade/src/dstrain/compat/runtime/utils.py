@@ -21,7 +21,7 @@ def set_random_seed(seed: int) -> None:
 
 
 def __getattr__(name: str):
-    if name in ("partition_uniform", "partition_balanced"):
+    if name in ("partition_uniform", "partition_balanced", "prefix_sum_inc"):
         from ...wiring.optional_libs import require
 
         return getattr(require("dspipe", f"deepspeed.runtime.utils.{name}"), name)
