@@ -66,6 +66,9 @@ assert (monitor.enabled, monitor.output_path, monitor.job_name) == (True, "tb/",
 assert config.zero_optimization_stage == 2 and config.zero_config.stage == 2 and config.zero_enabled
 assert config.optimizer_name.lower() == ADAM_OPTIMIZER and config._param_dict["train_batch_size"] == 2
 assert get_gradient_clipping({"gradient_clipping": 1.5}) == 1.5
+from deepspeed.runtime.precision_config import get_bfloat16_config, get_float16_config
+assert get_bfloat16_config({"bfloat16": {"enabled": True}}).enabled and get_bfloat16_config({"bf16": {"enabled": True}}).enabled
+assert not get_bfloat16_config({}).enabled and get_float16_config({"fp16": {"enabled": True}}).initial_scale_power == 16
 try:
     DeepSpeedConfig({"train_batch_size": 3, "train_micro_batch_size_per_gpu": 2})
     raise SystemExit("a batch triple that does not divide was accepted")
@@ -86,6 +89,10 @@ from deepspeed.utils import (safe_get_local_fp32_param, safe_get_local_optimizer
                              safe_set_local_optimizer_state, safe_set_full_optimizer_state)
 loss = engine(torch.ones(2, 4)).sum()
 engine.backward(loss)
+engine.step()
+shared = engine.module(torch.ones(2, 4)).sum()  # DeepSpeed's shared-loss pattern: the module, autograd, epilogue
+shared.backward()
+engine._backward_epilogue()
 engine.step()
 safe_set_local_fp32_param(model.weight, torch.full((8,), 0.5))
 assert torch.all(safe_get_local_fp32_param(model.weight) == 0.5) and torch.all(model.weight == 0.5)

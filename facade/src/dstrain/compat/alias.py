@@ -44,6 +44,7 @@ MAPPED_PATHS: dict[str, str] = {
     "deepspeed.runtime.activation_checkpointing": "dstrain.runtime",
     "deepspeed.runtime.activation_checkpointing.checkpointing": "dstrain.checkpointing",
     "deepspeed.runtime.config": "dstrain.runtime.config",
+    "deepspeed.runtime.precision_config": "dstrain.runtime.precision_config",
     "deepspeed.runtime.dataloader": "dstrain.runtime.dataloader",
     "deepspeed.runtime.engine": "dstrain.engine",
     "deepspeed.runtime.lr_schedules": "dstrain.runtime.lr_schedules",
