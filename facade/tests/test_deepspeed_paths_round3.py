@@ -84,6 +84,9 @@ model = torch.nn.Linear(4, 2)
 engine, optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
 assert engine.train_batch_size() == 2 and engine.zero_optimization_stage() == 2
 
+from deepspeed.runtime.zero.offload_config import DeepSpeedZeroOffloadOptimizerConfig
+assert DeepSpeedZeroOffloadOptimizerConfig(ratio=0.3).ratio == 0.3
+
 # safe_set_local_*: this rank's piece (the whole parameter at one rank)
 from deepspeed.utils import (safe_get_local_fp32_param, safe_get_local_optimizer_state, safe_set_local_fp32_param,
                              safe_set_local_optimizer_state, safe_set_full_optimizer_state)
