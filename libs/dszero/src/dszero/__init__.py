@@ -28,6 +28,7 @@ from .fragments import (
     safe_set_local_fp32_param,
     safe_set_local_grad,
     safe_set_local_optimizer_state,
+    safe_update_full_grad_vectorized,
 )
 from .held import HeldParameters
 from .inference import ZeroInference
@@ -84,6 +85,7 @@ __all__ = [
     "safe_set_local_fp32_param",
     "safe_set_local_grad",
     "safe_set_local_optimizer_state",
+    "safe_update_full_grad_vectorized",
     "set_z3_leaf_modules",
     "unset_z3_leaf_modules",
 ]

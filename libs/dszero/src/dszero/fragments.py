@@ -218,3 +218,17 @@ def safe_set_full_optimizer_state(param: torch.Tensor, value: torch.Tensor, opti
         target = _state_tensor(zero, group, slot, optim_state_key)
         flat = value.detach().reshape(-1)[first:last]
         target[piece].copy_(flat.to(device=target.device, dtype=target.dtype))
+
+
+def safe_update_full_grad_vectorized(param_list: list[torch.Tensor], update_func: Any) -> None:
+    """Replace each parameter's gradient by `update_func(its full gradient, param)`, as safe_get_full_grad
+    answers it and safe_set_full_grad sets it: collective, so call it on every rank with the same parameters (and
+    an update that gives every rank the same value). Stages 2 and 3, as safe_set_full_grad."""
+    for param in param_list:
+        old = safe_get_full_grad(param)
+        new = update_func(old, param)
+        if not torch.is_tensor(new):
+            raise ZeroError(f"safe_update_full_grad_vectorized: update_func returned {type(new).__name__} for a "
+                            f"parameter of shape {tuple(param.shape) if param.numel() else 'partitioned'}; it must "
+                            f"return the new gradient as a tensor")
+        safe_set_full_grad(param, new)
