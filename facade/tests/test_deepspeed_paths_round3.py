@@ -89,7 +89,8 @@ assert DeepSpeedZeroOffloadOptimizerConfig(ratio=0.3).ratio == 0.3
 
 # safe_set_local_*: this rank's piece (the whole parameter at one rank)
 from deepspeed.utils import (safe_get_local_fp32_param, safe_get_local_optimizer_state, safe_set_local_fp32_param,
-                             safe_set_local_optimizer_state, safe_set_full_optimizer_state)
+                             safe_set_local_optimizer_state, safe_set_full_optimizer_state,
+                             safe_update_full_grad_vectorized)
 loss = engine(torch.ones(2, 4)).sum()
 engine.backward(loss)
 engine.step()
