@@ -1,11 +1,13 @@
-"""`deepspeed.runtime.utils` names scripts use: `set_random_seed`, and the pipeline partitioners where
-dspipe is installed."""
+"""`deepspeed.runtime.utils` names scripts use: `set_random_seed`, `see_memory_usage` (dsmonitor), and the
+pipeline partitioners where dspipe is installed."""
 
 from __future__ import annotations
 
 import random
 
 import torch
+
+from dsmonitor import see_memory_usage
 
 
 def set_random_seed(seed: int) -> None:
@@ -26,3 +28,6 @@ def __getattr__(name: str):
 
         return getattr(require("dspipe", f"deepspeed.runtime.utils.{name}"), name)
     raise AttributeError(f"module 'dstrain.runtime.utils' has no attribute {name!r}")
+
+
+__all__ = ["see_memory_usage", "set_random_seed"]
