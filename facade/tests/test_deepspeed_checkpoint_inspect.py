@@ -91,3 +91,19 @@ def test_degrees_of_older_checkpoints_and_inconsistent_ones(tmp_path):
     os.remove(legacy / "bf16_zero_pp_rank_1_mp_rank_01_optim_states.pt")
     with pytest.raises(CheckpointLoadError, match="incomplete"):
         get_model_3d_descriptor(str(legacy))
+
+
+def test_file_lists_in_rank_order(tmp_path):
+    from dstrain.compat.utils.zero_to_fp32 import get_model_state_files, get_optim_files
+
+    names = [f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt" for rank in range(12)]
+    for name in reversed(names):
+        (tmp_path / name).write_text("x")
+    (tmp_path / "mp_rank_00_model_states.pt").write_text("x")
+    assert [os.path.basename(f) for f in get_optim_files(tmp_path)] == names  # 2 before 10, as numbers
+    assert [os.path.basename(f) for f in get_model_state_files(tmp_path)] == ["mp_rank_00_model_states.pt"]
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"no \*_optim_states\.pt files"):
+        get_optim_files(tmp_path / "empty")
+    with pytest.raises(FileNotFoundError, match="no such checkpoint directory"):
+        get_optim_files(tmp_path / "nothing")

@@ -55,6 +55,9 @@ assert DeepSpeedCheckpoint is Inspector and constants.UNIVERSAL_CHECKPOINT_INFO 
 assert get_model_ckpt_name_for_rank("ck/global_step0", "00") == os.path.join("ck/global_step0", "mp_rank_00_model_states.pt")
 assert model_3d_desc(2, 2, 2).reshape(model_3d_desc(1, 1, 1))[0].get_data(0, 0) == [0, 4, 1, 5, 2, 6, 3, 7]
 
+from deepspeed.runtime.activation_checkpointing import checkpointing as ds_checkpointing
+assert ds_checkpointing is deepspeed.checkpointing
+
 # DeepSpeedConfig from a dict and from a file, as DeepSpeed builds it; initialize() takes it
 from deepspeed.runtime.config import ADAM_OPTIMIZER, DeepSpeedConfig, get_gradient_clipping
 from deepspeed.monitor.tensorboard import TensorBoardMonitor
