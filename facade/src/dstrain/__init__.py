@@ -56,6 +56,7 @@ _LAZY = {  # public name -> (module, attribute); attribute None means the module
     "runtime": ("compat.runtime", None),
     "elasticity": ("compat.elasticity", None),
     "DeepSpeedConfig": ("compat.runtime.config", "DeepSpeedConfig"),
+    "OnDevice": ("init_on_device", "OnDevice"),
     "log_dist": ("compat.utils", "log_dist"),
     "DeepSpeedTransformerLayer": ("ops.transformer", "DeepSpeedTransformerLayer"),
     "DeepSpeedTransformerConfig": ("ops.transformer", "DeepSpeedTransformerConfig"),
