@@ -203,7 +203,8 @@ def compile_rules(cfg: DeepSpeedConfig) -> Iterator[Finding]:
     if comp.deepcompile and not cfg.managed_gradient_accumulation:
         yield _error("managed_gradient_accumulation", "false is incompatible with compile.deepcompile", False)
     if comp.deepcompile and cfg.gradient_allreduce_op == "sum":
-        yield _error("gradient_allreduce_op", "\"sum\" is not supported with compile.deepcompile", "sum")
+        yield _error("gradient_allreduce_op", "\"sum\" is not supported with DeepCompile (compile.deepcompile); "
+                     "use \"mean\"", "sum")
 
 
 def profiling_rules(cfg: DeepSpeedConfig) -> Iterator[Finding]:
