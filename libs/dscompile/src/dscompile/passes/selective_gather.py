@@ -80,7 +80,6 @@ def selective_gather(graph: fx.Graph, info: GraphInfo) -> fx.Graph:
         graph.erase_node(start)
         removed += 1
     info.decisions["kept_units"] = sorted(info.kept_units)
-    info.decisions["kept_bytes"] = sum(info.units[k].nbytes for k in info.kept_units if k in info.units)
     info.decisions["gathers_removed"] = info.decisions.get("gathers_removed", 0) + removed
     graph.lint()
     return graph
