@@ -300,7 +300,9 @@ class DeepCompileRuntime:
     def _complete_gather(self, unit_key: int) -> None:
         handle, start, size = self.pending.pop(unit_key)
         if handle is not None:
+            began = time.perf_counter()
             handle.wait()
+            self.stats["gather_wait_us"] += int((time.perf_counter() - began) * 1e6)
         self.ahead -= size
         if not self.profiling:
             self.profile.gather_seconds[unit_key] = time.perf_counter() - start
