@@ -242,7 +242,11 @@ class Stage3:
     def _grad_hook(self, position: int, index: int):
         mark = weakly(self.launcher.mark_ready)  # weak: see ordered.weakly
         def hook(param):
-            mark(position, index)
+            # No .grad: autograd ran the accumulation with nothing to add (a compiled backward handed the
+            # gradient to accept_gradient instead, which marked it). Marking again would leave the member
+            # ready for the next backward, whose first gradient would then launch every unit at once.
+            if param.grad is not None:
+                mark(position, index)
         return hook
 
     def release_gathered(self) -> None:

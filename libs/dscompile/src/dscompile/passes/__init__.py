@@ -16,7 +16,7 @@ from ..graphinfo import GraphInfo
 from .activations import free_activation, offload_activation
 from .offload import offload_adam_states, offload_parameters, record_inputs
 from .prefetch import prefetch
-from .selective_gather import choose_kept_units, selective_gather
+from .selective_gather import choose_kept_units, keep_budget, selective_gather
 from .zero import add_gather_release, add_reduce, zero3_compile, zero12_compile
 
 PassFn = Callable[[fx.Graph, GraphInfo], fx.Graph]
@@ -60,5 +60,5 @@ REGISTRY: dict[str, Pass] = {
 }
 
 __all__ = ["GATHER_RELEASE", "REDUCE", "REGISTRY", "Pass", "PassFn", "add_gather_release", "add_reduce",
-           "choose_kept_units", "free_activation", "offload_activation", "offload_adam_states", "offload_parameters",
-           "prefetch", "record_inputs", "selective_gather", "zero3_compile", "zero12_compile"]
+           "choose_kept_units", "free_activation", "keep_budget", "offload_activation", "offload_adam_states",
+           "offload_parameters", "prefetch", "record_inputs", "selective_gather", "zero3_compile", "zero12_compile"]
