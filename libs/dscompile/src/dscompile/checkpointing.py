@@ -53,7 +53,7 @@ class LongContextPartitioner(CustomPartitionerFn):
         from torch._functorch.partitioners import min_cut_rematerialization_partition
 
         static = kwargs.get("static_lifetime_input_indices") or ()
-        plan = long_context_checkpointing(gm.graph, self.min_seq_len, static)
+        plan = long_context_checkpointing(gm.graph, self.min_seq_len, static, kwargs.get("num_fwd_outputs"))
         self.plans.append(plan)
         if self.on_plan is not None:
             self.on_plan(plan)

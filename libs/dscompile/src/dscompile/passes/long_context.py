@@ -96,27 +96,40 @@ def _sequence_extent(node: fx.Node) -> int:
     return max(sizes, default=0)
 
 
-def forward_nodes(graph: fx.Graph) -> list[fx.Node]:
-    """The joint graph's forward computation: call_function nodes that no tangent reaches."""
-    backward: set[fx.Node] = set()
+def forward_nodes(graph: fx.Graph, num_fwd_outputs: int | None = None) -> list[fx.Node]:
+    """The joint graph's forward computation: the call_function nodes its first `num_fwd_outputs` outputs
+    need (AOT's split), or, without that number, those no tangent reaches."""
+    if num_fwd_outputs is not None:
+        output = next(n for n in reversed(graph.nodes) if n.op == "output")
+        values = output.args[0] if isinstance(output.args[0], (list, tuple)) else [output.args[0]]
+        needed: set[fx.Node] = set()
+        stack = [v for v in values[:num_fwd_outputs] if isinstance(v, fx.Node)]
+        while stack:
+            node = stack.pop()
+            if node not in needed:
+                needed.add(node)
+                stack.extend(node.all_input_nodes)
+        return [n for n in graph.nodes if n.op == "call_function" and n in needed]
+    backward = {n for n in graph.nodes if n.op == "placeholder" and n.name.startswith("tangents")}
     for node in graph.nodes:
-        if (node.op == "placeholder" and node.name.startswith("tangents")) or (node.op == "call_function" and any(arg in backward for arg in node.all_input_nodes)):
+        if node.op == "call_function" and any(arg in backward for arg in node.all_input_nodes):
             backward.add(node)
     return [n for n in graph.nodes if n.op == "call_function" and n not in backward]
 
 
-def long_context_checkpointing(graph: fx.Graph, min_seq_len: int = MIN_SEQ_LEN,
-                               static_inputs: Iterable[int] = ()) -> LongContextPlan:
+def long_context_checkpointing(graph: fx.Graph, min_seq_len: int = MIN_SEQ_LEN, static_inputs: Iterable[int] = (),
+                               num_fwd_outputs: int | None = None) -> LongContextPlan:
     """Tag the forward nodes of the AOT joint graph `graph` in place (node.meta "recompute" and
     "ac_graph_id"). static_inputs: indices of the primal placeholders that are parameters (their
-    nodes alone are never activations)."""
+    nodes alone are never activations); num_fwd_outputs: how many of the graph's outputs are the
+    forward's (the partitioner's argument)."""
     if isinstance(min_seq_len, bool) or not isinstance(min_seq_len, int) or min_seq_len < 1:
         raise DeepCompileError(f"long_context_checkpointing: min_seq_len must be a positive int (tokens per rank), "
                                f"got {min_seq_len!r}")
     plan = LongContextPlan(min_seq_len)
     primals = [n for n in graph.nodes if n.op == "placeholder" and not n.name.startswith("tangents")]
     static = {primals[i] for i in static_inputs if 0 <= i < len(primals)}
-    computed: list[fx.Node] = forward_nodes(graph)
+    computed: list[fx.Node] = forward_nodes(graph, num_fwd_outputs)
     if not any(is_attention(n) for n in computed):
         return plan
     from_activation = {n for n in primals if n not in static}
