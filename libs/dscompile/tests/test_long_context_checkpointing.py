@@ -114,3 +114,18 @@ def test_refusals_name_the_setting():
     with pytest.raises(dscompile.DeepCompileError, match="got True"):
         long_context_checkpointing(torch.fx.Graph(), min_seq_len=True)
     assert not long_context_checkpointing(torch.fx.Graph(), min_seq_len=8).active  # no attention: nothing
+
+
+def test_a_model_that_checkpoints_itself_is_left_to_its_own_regions(model):
+    class Checkpointed(nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, tokens, labels):
+            return torch.utils.checkpoint.checkpoint(self.inner, tokens, labels, use_reentrant=False)
+
+    backend = dscompile.long_context_backend("aot_eager", min_seq_len=8)
+    _train_once(Checkpointed(model), backend, *_batch(16))
+    (plan,) = backend.partitioner.plans
+    assert plan.already_checkpointed and not plan.active

@@ -19,7 +19,8 @@ are numbered): a recomputed value read by a later region is saved instead (the p
 for consecutive checkpointed regions), so backward recomputes one layer's chain at a time from the
 residual stream at the layer's attention, not the whole network from its inputs. Below `min_seq_len`
 nothing is tagged and the partition is the backend's own. A graph with no attention is left alone
-(without an attention to keep, recomputing would redo the costliest work).
+(without an attention to keep, recomputing would redo the costliest work), and so is one the model already
+checkpoints (torch.utils.checkpoint's tags: its regions decide).
 
 DeepSpeed's pass rewrites the partitioner's ban rule (attention and random ops always saved, nodes whose
 shape[1] reaches 4096 allowed to be recomputed); here the choice is data on the nodes, a pure function of
@@ -60,6 +61,7 @@ class LongContextPlan:
     saved: list[str] = field(default_factory=list)  # nodes tagged MUST_SAVE
     recomputed: list[str] = field(default_factory=list)  # nodes tagged MUST_RECOMPUTE
     longest: int = 0  # the longest non-feature dimension of a forward activation
+    already_checkpointed: bool = False  # the graph came with checkpoint tags (torch.utils.checkpoint): left alone
 
     @property
     def active(self) -> bool:
@@ -130,6 +132,9 @@ def long_context_checkpointing(graph: fx.Graph, min_seq_len: int = MIN_SEQ_LEN, 
     primals = [n for n in graph.nodes if n.op == "placeholder" and not n.name.startswith("tangents")]
     static = {primals[i] for i in static_inputs if 0 <= i < len(primals)}
     computed: list[fx.Node] = forward_nodes(graph, num_fwd_outputs)
+    if any("recompute" in n.meta for n in computed):
+        plan.already_checkpointed = True  # the model's own activation checkpointing decides; not mixed with ours
+        return plan
     if not any(is_attention(n) for n in computed):
         return plan
     from_activation = {n for n in primals if n not in static}
