@@ -38,6 +38,7 @@ _PREFETCH = Budgets(prefetch_bytes=4 * 1200, live_bytes=4 * 1300, gathers_ahead=
 
 def _passes(rank, world):
     eager = train(rank, stage=3, compiled=False)
+    with_attention = train(rank, stage=3, compiled=False, model={"attention": True})
     schedule = [(0, ["zero3_compile"]), (1, ["zero3_compile", "prefetch", "selective_gather"])]
     return eager, {
         "scheduled": train(rank, stage=3, compiled=True, schedule=schedule, budgets=_PREFETCH),
@@ -51,11 +52,16 @@ def _passes(rank, world):
             "offload_opt_states": True, "double_buffer": False, "sync_before_reduce": True,
             "sync_after_reduce": True, "sync_before_allgather": True, "sync_after_allgather": True}),
         "offload_parameters": train(rank, stage=3, compiled=True, settings={"offload_parameters": True}),
-    }
+    }, (with_attention, train(rank, stage=3, compiled=True, model={"attention": True},
+                              settings={"passes": ["long_context_checkpointing"]},
+                              budgets=Budgets(long_context_min_seq_len=8)))  # the 8 tokens of each sample
 
 
 def test_each_pass_on_and_off_trains_as_eager_zero3():
-    for eager, variants in run_ranks(_passes, 2, timeout=400):
+    for eager, variants, (eager_attention, long_context) in run_ranks(_passes, 2, timeout=400):
+        assert long_context["fell_back"] is None
+        assert_same_training(eager_attention, long_context)
+        assert long_context["stats"]["long_context_recomputed"] > 0  # the default schedule took the pass
         for name, compiled in variants.items():
             assert compiled["fell_back"] is None, name
             assert_same_training(eager, compiled)

@@ -50,6 +50,7 @@ class Budgets:
     free_activation_bytes: int = 10 * 1024 * 1024  # compile.free_activation_threshold
     offload_activation_bytes: int = 5 * 1024 * 1024  # the reference's floor for an activation worth moving
     offload_activation_budget: int | None = None  # offload until the forward's peak is under this (None: all)
+    long_context_min_seq_len: int = 4096  # long_context_checkpointing recomputes from this many tokens per rank
 
 
 @dataclass
