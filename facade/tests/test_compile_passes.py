@@ -1,12 +1,13 @@
-"""compile.passes through initialize() and engine.compile(), on one set of 4 ranks: ["autosp"] at sp 2 x dp 2
-(ZeRO-2 over sequence x data) trains as one rank on the whole global batch (float64: the losses and the
-weights after two steps); ["autotp"] at tp 2 x dp 2 trains as eager AutoTP (the collectives in the graph
-instead of the layers). What either cannot run is refused by key, and an uncompiled AutoSP forward is
-refused rather than trained unsharded."""
+"""compile.passes through initialize() and engine.compile(), on one set of 4 ranks: ["autosp",
+"long_context_checkpointing"] at sp 2 x dp 2 (ZeRO-2 over sequence x data) trains as one rank on the whole
+global batch (float64: the losses and the weights after two steps), with the pass recomputing activations;
+["autotp"] at tp 2 x dp 2 trains as eager AutoTP (the collectives in the graph instead of the layers). What
+either cannot run is refused by key, and an uncompiled AutoSP forward is refused rather than trained
+unsharded."""
 
 import pytest
 import torch
-from test_sequence_parallel import SGD, hf_model, reference_run, sample
+from test_sequence_parallel import SEQ, SGD, hf_model, reference_run, sample
 
 import dstrain
 from dscomm.testing import run_ranks
@@ -22,7 +23,7 @@ def _modeling_code_loaded_before_forking():
 def config(stage=2, sp=2):
     return {"train_micro_batch_size_per_gpu": 1, "gradient_clipping": 0.0, "steps_per_print": 10_000,
             "zero_optimization": {"stage": stage}, "optimizer": SGD, "sequence_parallel_size": sp,
-            "compile": {"deepcompile": True, "passes": ["autosp"]}}
+            "compile": {"deepcompile": True, "passes": ["autosp", "long_context_checkpointing"]}}
 
 
 def tp_config(stage=2, passes=("autotp",)):
@@ -79,6 +80,8 @@ def autosp_sp2_dp2(rank, world):
         engine.step()
         losses.append(loss.item())
     params = {name: p.detach().clone() for name, p in model.named_parameters()}
+    plans = engine.deepcompile_runtime.backend.partitioner.plans  # AutoSP's graphs, through the pass
+    recomputed = [(plan.attention, len(plan.recomputed)) for plan in plans]
     engine.destroy()
     assert model.forward.__self__ is model
     for name, cfg in (("stage 3", config(stage=3)), ("sp 1", config(sp=1))):
@@ -88,15 +91,20 @@ def autosp_sp2_dp2(rank, world):
         except dstrain.UnsupportedFeatureError as exc:
             refused[name] = str(exc)
     autotp_gap = autotp_against_eager(rank, refused)
-    return losses, params, engine.dp_world_size, refused, autotp_gap
+    return losses, params, engine.dp_world_size, refused, autotp_gap, recomputed
 
 
-def test_autosp_sp2_by_dp2_trains_as_one_rank_and_autotp_as_eager_autotp_and_refuse_by_key():
+def test_autosp_sp2_by_dp2_trains_as_one_rank_and_autotp_as_eager_autotp_and_refuse_by_key(monkeypatch):
+    import dscompile.passes.long_context
+
+    # each rank's slice is 8 tokens: long_context_checkpointing recomputes from there (4096 in a real run)
+    monkeypatch.setattr(dscompile.passes.long_context, "MIN_SEQ_LEN", SEQ // 2)
     results = run_ranks(autosp_sp2_dp2, 4, timeout=600)
     ref_losses, ref_params = reference_run([[sample(0)["input_ids"], sample(1)["input_ids"]],
                                             [sample(2)["input_ids"], sample(3)["input_ids"]]])
-    for rank, (losses, params, dp, refused, autotp_gap) in enumerate(results):
+    for rank, (losses, params, dp, refused, autotp_gap, recomputed) in enumerate(results):
         assert dp == 2
+        assert recomputed and recomputed[0][0] == 2 and recomputed[0][1] > 10, recomputed  # both layers' attention
         # gradients cross the wire in seq_parallel_communication_data_type (fp32), as DeepSpeed's: the second
         # step starts from weights rounded there
         assert abs(losses[0] - ref_losses[0][rank // 2]) < 1e-12

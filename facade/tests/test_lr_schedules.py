@@ -196,3 +196,16 @@ def test_a_tensor_lr_of_any_one_element_shape_stays_the_same_tensor(shape):
     sched.step(1)
     assert opt.param_groups[0]["lr"] is lr and lr.shape == shape and lr.dtype == torch.float64
     assert lr.item() == pytest.approx(0.1 * math.log(2) / math.log(1000))
+
+
+@pytest.mark.parametrize("first, second", [(0, 0), (0, None), (-1, None), (0, 100), (100, -1), (True, None)])
+def test_one_cycle_refuses_a_cycle_without_a_rising_half(first, second):
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    with pytest.raises(ValueError, match=r"cycle_(first|second)_step_size"):
+        OneCycle(opt, cycle_min_lr=0.001, cycle_max_lr=0.1, cycle_first_step_size=first, cycle_second_step_size=second)
+
+
+def test_one_cycle_with_an_empty_falling_half():
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    sched = OneCycle(opt, cycle_min_lr=0.001, cycle_max_lr=0.1, cycle_first_step_size=100, cycle_second_step_size=0)
+    assert sched.step_ratio == 1.0 and sched.get_lr() == [pytest.approx(0.001)]

@@ -50,10 +50,10 @@ pip_install() {  # pip, without the notes about this machine's index settings
 # here) and DeepSpeed's name is reused as it is; a library new to requirements.txt installs everything again.
 imports=$(printf '%s,' "${names[@]//facade/dstrain}" | sed 's/,$//')
 if ! "$venv/bin/python" -c "
-import importlib.metadata, sys, $imports, deepspeed, pytest, transformers, cpuinfo, hjson
+import importlib.metadata, sys, $imports, deepspeed, pytest, transformers, cpuinfo, hjson, wandb, comet_ml
 sys.exit(0 if all(m.__file__.startswith('$repo/') for m in ($imports,)) else 1)" 2>/dev/null; then
   pip_install "${libs[@]}" 'pytest>=7.2.0,<8.4.0' numpy transformers accelerate hjson py-cpuinfo packaging pydantic \
-    psutil
+    psutil wandb comet_ml  # monitor/test_monitor.py patches wandb.init and comet_ml.start
   pip_install "$repo/deepspeed-compat"
 fi
 

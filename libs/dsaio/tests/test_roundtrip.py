@@ -120,6 +120,22 @@ def test_fd_overload_and_buffer_types(tmp_path):
     out = bytearray(11)
     h.sync_pread(memoryview(out), str(path))
     assert out == b"HELLO world"
+    descriptor = os.open(path, os.O_WRONLY)
+    try:  # the descriptor by DeepSpeed's keyword
+        h.async_pwrite(buffer=bytearray(b"J"), fd=descriptor, file_offset=6)
+        h.wait()
+    finally:
+        os.close(descriptor)
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        h.sync_pread(memoryview(out), fd=descriptor)
+    finally:
+        os.close(descriptor)
+    assert out == b"HELLO Jorld"
+    with pytest.raises(TypeError, match="exactly one"):
+        h.async_pwrite(bytearray(b"x"), str(path), fd=3)
+    with pytest.raises(TypeError, match="exactly one"):
+        h.sync_pread(memoryview(out))
 
 
 def test_torch_tensors(tmp_path):

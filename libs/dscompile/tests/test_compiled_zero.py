@@ -38,6 +38,7 @@ _PREFETCH = Budgets(prefetch_bytes=4 * 1200, live_bytes=4 * 1300, gathers_ahead=
 
 def _passes(rank, world):
     eager = train(rank, stage=3, compiled=False)
+    with_attention = train(rank, stage=3, compiled=False, model={"attention": True})
     schedule = [(0, ["zero3_compile"]), (1, ["zero3_compile", "prefetch", "selective_gather"])]
     return eager, {
         "scheduled": train(rank, stage=3, compiled=True, schedule=schedule, budgets=_PREFETCH),
@@ -51,17 +52,24 @@ def _passes(rank, world):
             "offload_opt_states": True, "double_buffer": False, "sync_before_reduce": True,
             "sync_after_reduce": True, "sync_before_allgather": True, "sync_after_allgather": True}),
         "offload_parameters": train(rank, stage=3, compiled=True, settings={"offload_parameters": True}),
-    }
+    }, (with_attention, train(rank, stage=3, compiled=True, model={"attention": True},
+                              settings={"passes": ["long_context_checkpointing"]},
+                              budgets=Budgets(long_context_min_seq_len=8)))  # the 8 tokens of each sample
 
 
 def test_each_pass_on_and_off_trains_as_eager_zero3():
-    for eager, variants in run_ranks(_passes, 2, timeout=400):
+    for eager, variants, (eager_attention, long_context) in run_ranks(_passes, 2, timeout=400):
+        assert long_context["fell_back"] is None
+        assert_same_training(eager_attention, long_context)
+        assert long_context["stats"]["long_context_recomputed"] > 0  # the default schedule took the pass
         for name, compiled in variants.items():
             assert compiled["fell_back"] is None, name
             assert_same_training(eager, compiled)
         scheduled = variants["scheduled"]["stats"]
         assert scheduled["schedule_switches"] == 1 and scheduled["prefetched"] > 0
-        assert 0 < scheduled["kept_units"] < 5  # the live budget kept some units gathered, not all
+        assert 0 < scheduled["kept_units"] < 5  # the budgets kept some units gathered, not all
+        # within what the profiled peak allowed (the runtime's peak budget from the warm-up steps' graphs)
+        assert 0 < variants["scheduled"]["kept_bytes"] == scheduled["kept_bytes"] <= scheduled["keep_budget_bytes"]
         assert scheduled["gathers"] < 9 * 6  # kept units are gathered no more
         assert variants["scheduled"]["peak_ahead"] <= _PREFETCH.prefetch_bytes
         # prefetching never raised what is gathered at once above the live budget (or what the graphs need anyway)
@@ -127,3 +135,29 @@ def test_inductor_compiles_the_inserted_ops_and_matches_eager():
     assert compiled["stats"]["gathers"] == compiled["stats"]["releases"] == 18
     dumps = [line for line in compiled["log"] if "graph 0 after" in line]  # debug_log: the rewritten graphs
     assert len(dumps) >= 2 and all("dscompile.gather" in line for line in dumps)
+
+
+def _reductions(rank, world):
+    """Stage-3 unit reductions (reduce-scatters) of 3 steps x 2 micro-steps, eager against compiled."""
+    import dscomm
+
+    counts = {}
+    for compiled in (False, True):
+        dscomm.configure(enabled=True, prof_all=True)
+        dscomm.reset_comms_log()
+        try:
+            train(rank, stage=3, compiled=compiled)
+            log = dscomm.get_comms_log()
+        finally:
+            dscomm.configure(enabled=False)
+        counts[compiled] = sum(entry["count"] for name, sizes in log.items() if "zero3_reduce_scatter" in name
+                               for entry in sizes.values())
+    return counts
+
+
+def test_compiled_zero3_reduces_each_unit_once_per_backward_as_eager():
+    # Regression: the parameters' post-accumulate hooks also fired (with no .grad) after the compiled backward
+    # had handed every gradient over, leaving each unit marked ready for the next backward; its first
+    # gradient then launched every unit at once, and each later gradient reduced its whole unit again.
+    for counts in run_ranks(_reductions, 2, timeout=300):
+        assert counts[True] == counts[False] > 0, counts

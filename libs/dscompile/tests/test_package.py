@@ -26,7 +26,7 @@ def test_the_feature_entry_point_names_deepcompile():
 def test_every_pass_is_registered_under_the_references_name():
     assert set(dscompile.PASSES) == {"zero1_compile", "zero2_compile", "zero3_compile", "prefetch",
                                      "selective_gather", "free_activation", "offload_activation",
-                                     "offload_adam_states", "offload_parameters"}
+                                     "offload_adam_states", "offload_parameters", "long_context_checkpointing"}
 
 
 @pytest.mark.parametrize(("keep_int", "keep_all", "kept"), [(True, False, "ints"), (False, False, "none"),

@@ -22,6 +22,9 @@ def test_default_schedules_follow_the_reference():
         (0, ("zero3_compile",)), (1, ("zero3_compile", "offload_adam_states"))]
     freeing = default_schedule(3, CompileConfig(deepcompile=True, free_activation=True))
     assert all(passes[-1] == "free_activation" for _, passes in freeing)
+    long_context = default_schedule(2, CompileConfig(deepcompile=True, passes=["long_context_checkpointing"]))
+    assert long_context == [(0, ("zero2_compile", "long_context_checkpointing"))]
+    assert validate_schedule(long_context, 2) == long_context
     # activation offload runs only from a schedule that names it, as the reference says
     assert "offload_activation" not in str(default_schedule(3, CompileConfig(deepcompile=True,
                                                                              offload_activation=True)))

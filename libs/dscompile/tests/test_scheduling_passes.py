@@ -9,7 +9,7 @@ from graphs import LocalRuntime, infos, reference, run_pair
 
 from dscompile import Budgets, Profile, UnitSlot, ops, profile_memory
 from dscompile.graph import count_calls, positions
-from dscompile.passes import choose_kept_units, prefetch, selective_gather, zero3_compile
+from dscompile.passes import choose_kept_units, keep_budget, prefetch, selective_gather, zero3_compile
 
 
 def _rewritten(captured, runtime, budgets, kept=frozenset()):
@@ -71,6 +71,37 @@ def test_selective_gather_takes_kept_units_out_of_the_graphs(captured):
     outs, _ = run_pair(captured, fw, bw, hollow=False)  # kept units are whole: the graph reads them directly
     torch.testing.assert_close(outs, reference(captured)[0])
     assert count_calls(bw, ops.reduce_grad) == 7  # kept or not, every gradient is reduced
+
+
+def test_selective_gather_keeps_no_more_than_the_profiled_peak_allows(captured):
+    # The warm-up entry's graphs (zero3_compile alone, nothing kept) give the profiled peak, as at a switch.
+    runtime = LocalRuntime(captured.model)
+    (fw0, bw0), forward, backward = _rewritten(captured, runtime, Budgets())
+    graph_peak = max(profile_memory(fw0, forward).max_peak, profile_memory(bw0, backward).max_peak)
+    at_once = max(profile_memory(fw0, forward).max_gathered, profile_memory(bw0, backward).max_gathered)
+    units = forward.units
+    model_bytes = sum(u.nbytes for u in units.values())
+    # the live budget alone (stage3_max_live_parameters' default) would keep every unit
+    assert choose_kept_units(units, at_once, Budgets(), graph_peak=graph_peak) == frozenset(units)
+    resident = 4 * model_bytes  # shards, gradients and Adam's two states of 2 ranks: twice the weights
+    peak_bytes = keep_budget(graph_peak, resident, margin=0.1)
+    allowance = peak_bytes - graph_peak
+    assert 0 < allowance < model_bytes  # a budget smaller than the model
+    budget = Budgets(prefetch_bytes=1 << 30, gathers_ahead=4, peak_bytes=peak_bytes)
+    kept = choose_kept_units(units, at_once, budget, graph_peak=graph_peak)
+    kept_bytes = sum(units[k].nbytes for k in kept)
+    assert 0 < len(kept) < len(units) and kept_bytes <= allowance
+    (fw, bw), forward, backward = _rewritten(captured, runtime, budget, kept)
+    assert forward.decisions["kept_units"] == sorted(kept)
+    for graph, info in ((fw, forward), (bw, backward)):  # kept units are held at every node, beside the rest
+        assert profile_memory(graph, info).max_peak + kept_bytes <= peak_bytes
+        assert not set(_gather_order(graph)) & kept
+    outs, _ = run_pair(captured, fw, bw, hollow=False)
+    torch.testing.assert_close(outs, reference(captured)[0])
+    # no room above the profiled peak: nothing is kept
+    assert choose_kept_units(units, at_once, Budgets(peak_bytes=graph_peak), graph_peak=graph_peak) == frozenset()
+    with pytest.raises(ValueError, match="margin"):
+        keep_budget(graph_peak, resident, margin=float("nan"))
 
 
 def test_the_kept_units_fit_the_live_budget_costliest_per_byte_first():

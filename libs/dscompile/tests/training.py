@@ -21,9 +21,10 @@ class EagerLinear(nn.Linear):
 
 
 class Tiny(nn.Module):
-    def __init__(self, eager_layer: bool = False, graph_break: bool = False):
+    def __init__(self, eager_layer: bool = False, graph_break: bool = False, attention: bool = False):
         super().__init__()
         self.graph_break = graph_break
+        self.attention = attention  # causal self-attention over the tokens, 2 heads, no weights of its own
         self.embed = nn.Embedding(32, 16)
         self.norm = nn.LayerNorm(16)
         self.up = nn.Linear(16, 64)
@@ -32,6 +33,10 @@ class Tiny(nn.Module):
 
     def forward(self, tokens):
         x = self.embed(tokens)
+        if self.attention:
+            heads = x.unflatten(-1, (2, 8)).transpose(1, 2)
+            x = x + nn.functional.scaled_dot_product_attention(heads, heads, heads, is_causal=True).transpose(
+                1, 2).flatten(-2)
         h = torch.relu(self.up(self.norm(x)))
         if self.graph_break:
             torch._dynamo.graph_break()

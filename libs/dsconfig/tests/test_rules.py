@@ -91,6 +91,8 @@ BROKEN = [
     ("comet experiment_key too short", {"comet": {"experiment_key": "abc"}}, "comet.experiment_key"),
     ("comet get without a key", {"comet": {"enabled": True, "mode": "get"}}, "comet.mode"),
     ("autotp pass without AutoTP", {"compile": {"deepcompile": True, "passes": ["autotp"]}}, "compile.passes"),
+    ("long-context checkpointing beside autotp", {"tensor_parallel": {"autotp_size": 2}, "compile": {
+        "deepcompile": True, "passes": ["autotp", "long_context_checkpointing"]}}, "compile.passes"),
     ("unmanaged accumulation with overlap at stage 1",
      {"managed_gradient_accumulation": False, "zero_optimization": {"stage": 1, "overlap_comm": True}},
      "zero_optimization.overlap_comm"),
@@ -191,6 +193,9 @@ def test_valid_combinations_load_silently():
         autoep(autoep_size=4, num_expert_groups=4, num_limited_groups=2),
         {"gradient_allreduce_op": "sum", "zero_optimization": {"stage": 2}},
         {"fp16": {"enabled": "auto"}, "bf16": {"enabled": "auto"}},
+        {"sequence_parallel_size": 2, "compile": {"deepcompile": True,
+                                                  "passes": ["autosp", "long_context_checkpointing"]}},
+        {"zero_optimization": {"stage": 3}, "compile": {"deepcompile": True, "passes": ["long_context_checkpointing"]}},
     ]
     for config in valid:
         with warnings.catch_warnings():

@@ -121,3 +121,32 @@ def test_bad_metric_output_is_named(tmp_path):
                      metric_dtypes=[torch.int64])
     with pytest.raises(DataEfficiencyError, match="did not finish"):
         analyzer(tmp_path / "none", num_workers=2).run_reduce()
+
+
+def _distributed_rank(rank, world, save_path):
+    from dsdata import DistributedDataAnalyzer
+
+    group = torch.distributed.new_group(list(range(world)))
+    DistributedDataAnalyzer(Tokens(), num_workers=5, worker_id=3,  # the group's size and rank win
+                            batch_size=16, metric_names=["length", "total", "histogram"],
+                            metric_functions=[length, total, histogram],
+                            metric_types=["single_value_per_sample", "single_value_per_sample",
+                                          "accumulate_value_over_samples"],
+                            save_path=save_path, device="cpu", comm_group=group).run_map_reduce()
+    try:
+        DistributedDataAnalyzer(Tokens(), metric_names=["mean"], metric_functions=[lambda b: b.float().mean(1)],
+                                metric_types=["single_value_per_sample"], save_path=save_path + "-float",
+                                comm_group=group).run_map_reduce()
+    except DataEfficiencyError as exc:
+        return str(exc)
+    return None
+
+
+def test_distributed_analyzer_over_a_group_writes_the_same_files(tmp_path):
+    run(tmp_path / "one", 1, 1)
+    refusals = run_ranks(_distributed_rank, 2, str(tmp_path / "group"), timeout=240)
+    for name in FILES:
+        for suffix in (".bin", ".idx"):
+            assert filecmp.cmp(tmp_path / "one" / f"{name}{suffix}", tmp_path / "group" / f"{name}{suffix}",
+                               shallow=False), (name, suffix)
+    assert all("'mean'" in why and "integer" in why for why in refusals)

@@ -9,7 +9,9 @@ experts over their expert-data group), `--tokens` tokens per rank per step, one 
    the figure is the median over rounds) and the peak parameter + optimizer memory of the busier rank:
    the bytes of parameters, master weights and optimizer state it holds (dszero's memory_report), plus at
    stage 3 the most parameters gathered at once during the step (sampled right after every gather of a
-   module's forward and backward).
+   module's forward and backward). Beside the wall time, each step's CPU seconds (user + system, every thread of
+   the rank: what the step costs the machine), far less sensitive than wall time to other processes sharing the
+   cores, where each of stage 3's many collectives also waits for the other rank to be scheduled.
 2. With --deepspeed-python: the same expert shapes in a DeepSeek-V3 model (4 MoE layers, one shared expert,
    one group), the family DeepSpeed 0.19.8's AutoEP converts under transformers 5.24 (its Mixtral conversion
    fails there, in transformers' output-recorder registry), dstrain against DeepSpeed, both at ZeRO-3 with
@@ -31,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import socket
 import statistics
 import subprocess
@@ -109,17 +112,26 @@ class GatheredPeak:
         self.peak = max(self.peak, sum(unit.gathered_bytes() for unit in self.units))
 
 
-def timed_steps(engine, args: argparse.Namespace, rank: int, count: int) -> list[float]:
-    times = []
+def cpu_seconds() -> float:
+    """This process's CPU time so far, every thread (the backend's communication threads too), user + system."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def timed_steps(engine, args: argparse.Namespace, rank: int, count: int) -> tuple[list[float], list[float]]:
+    """Per step: wall seconds, and this rank's CPU seconds (what the step costs the machine, far less
+    sensitive than the wall time to other processes sharing the cores)."""
+    times, cpu = [], []
     for step in range(count):
         torch.distributed.barrier()
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), cpu_seconds()
         loss = engine(**batch(args, rank, step)).loss
         engine.backward(loss)
         engine.step()
+        cpu.append(cpu_seconds() - cpu_start)  # before the barrier: not the wait for the other rank
         torch.distributed.barrier()
         times.append(time.perf_counter() - start)
-    return times
+    return times, cpu
 
 
 def dstrain_rank(rank: int, world: int, args: argparse.Namespace, family: str, stage: int, ep: int) -> dict:
@@ -131,10 +143,10 @@ def dstrain_rank(rank: int, world: int, args: argparse.Namespace, family: str, s
     cfg["expert_parallel"]["preset_model"] = "mixtral" if family == "mixtral" else "deepseek_v3"
     engine, *_ = dstrain.initialize(model=model, config=cfg)
     peak = GatheredPeak(engine)
-    times = timed_steps(engine, args, rank, 1 + args.steps)[1:]
+    times, cpu = (measured[1:] for measured in timed_steps(engine, args, rank, 1 + args.steps))
     report = engine.optimizer.memory_report()
     held = report["parameters"] + report["master_weights"] + report["optimizer_state"]
-    result = {"step_s": statistics.median(times), "param_opt_bytes": held + peak.peak, "held_bytes": held,
+    result = {"step_s": statistics.median(times), "cpu_s": statistics.median(cpu), "param_opt_bytes": held + peak.peak, "held_bytes": held,
               "gathered_peak_bytes": peak.peak}
     engine.destroy()
     return result
@@ -144,7 +156,8 @@ def run_dstrain(args: argparse.Namespace, family: str, stage: int, ep: int) -> d
     from dscomm.testing import run_ranks
 
     per_rank = run_ranks(dstrain_rank, 2, args, family, stage, ep, timeout=7200)
-    return {"step_s": max(r["step_s"] for r in per_rank), "param_opt_bytes": max(r["param_opt_bytes"] for r in per_rank),
+    return {"step_s": max(r["step_s"] for r in per_rank), "cpu_s": max(r["cpu_s"] for r in per_rank),
+            "param_opt_bytes": max(r["param_opt_bytes"] for r in per_rank),
             "held_bytes": max(r["held_bytes"] for r in per_rank),
             "gathered_peak_bytes": max(r["gathered_peak_bytes"] for r in per_rank)}
 
@@ -161,8 +174,8 @@ def deepspeed_rank(args: argparse.Namespace) -> None:
     engine, *_ = deepspeed.initialize(model=model, config=ds_config(3, args.ep, args, deepspeed_side=True),
                                       model_parameters=model.parameters())
     rank = torch.distributed.get_rank()
-    times = timed_steps(engine, args, rank, 1 + args.steps)[1:]
-    print(json.dumps({"rank": rank, "step_s": statistics.median(times)}), flush=True)
+    times, cpu = (measured[1:] for measured in timed_steps(engine, args, rank, 1 + args.steps))
+    print(json.dumps({"rank": rank, "step_s": statistics.median(times), "cpu_s": statistics.median(cpu)}), flush=True)
 
 
 def run_deepspeed(args: argparse.Namespace, ep: int) -> dict:
@@ -183,8 +196,8 @@ def run_deepspeed(args: argparse.Namespace, ep: int) -> dict:
     outputs = [proc.communicate(timeout=7200) for proc in procs]
     if any(proc.returncode for proc in procs):
         return {"failed": outputs[0][1][-800:] + outputs[1][1][-800:]}
-    steps = [json.loads(out.strip().splitlines()[-1])["step_s"] for out, _ in outputs]
-    return {"step_s": max(steps)}
+    ranks = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
+    return {"step_s": max(r["step_s"] for r in ranks), "cpu_s": max(r["cpu_s"] for r in ranks)}
 
 
 # ---------------------------------------------------------------------------------------------- main
@@ -221,6 +234,7 @@ def main() -> None:
                 rounds[stage].append(run_dstrain(args, "mixtral", stage, ep))
                 print(f"autoep {ep} stage {stage}: {rounds[stage][-1]}", file=sys.stderr, flush=True)
         row = {f"stage {s}": {"step_s": statistics.median(r["step_s"] for r in runs),
+                              "cpu_s": statistics.median(r["cpu_s"] for r in runs),
                               "param_opt_GiB": runs[0]["param_opt_bytes"] / 2**30,
                               "held_GiB": runs[0]["held_bytes"] / 2**30,
                               "gathered_peak_GiB": runs[0]["gathered_peak_bytes"] / 2**30}
@@ -228,6 +242,8 @@ def main() -> None:
         row["stage 3 / stage 2 memory"] = row["stage 3"]["param_opt_GiB"] / row["stage 2"]["param_opt_GiB"]
         row["stage 3 / stage 2 step (median of per-round ratios)"] = statistics.median(
             a["step_s"] / b["step_s"] for a, b in zip(rounds[3], rounds[2]))
+        row["stage 3 / stage 2 CPU seconds per step (median of per-round ratios)"] = statistics.median(
+            a["cpu_s"] / b["cpu_s"] for a, b in zip(rounds[3], rounds[2]))
         report[f"Mixtral-shaped, autoep_size {ep}"] = row
     if args.deepspeed_python:
         for ep in args.ep:
@@ -235,7 +251,7 @@ def main() -> None:
             for _ in range(args.rounds):
                 mine.append(run_dstrain(args, "deepseek", 3, ep))
                 theirs.append(run_deepspeed(args, ep))
-                print(f"deepseek autoep {ep}: dstrain {mine[-1]['step_s']:.3f} s, DeepSpeed {theirs[-1]}",
+                print(f"deepseek autoep {ep}: dstrain {mine[-1]}, DeepSpeed {theirs[-1]}",
                       file=sys.stderr, flush=True)
             if any("failed" in t for t in theirs):
                 report[f"DeepSeek-V3-shaped, ZeRO-3, autoep_size {ep}"] = {"DeepSpeed": theirs[-1]}
@@ -244,7 +260,9 @@ def main() -> None:
                 "dstrain step_s": statistics.median(m["step_s"] for m in mine),
                 "DeepSpeed step_s": statistics.median(t["step_s"] for t in theirs),
                 "dstrain / DeepSpeed (median of per-round ratios)": statistics.median(
-                    m["step_s"] / t["step_s"] for m, t in zip(mine, theirs))}
+                    m["step_s"] / t["step_s"] for m, t in zip(mine, theirs)),
+                "dstrain / DeepSpeed CPU seconds per step (median of per-round ratios)": statistics.median(
+                    m["cpu_s"] / t["cpu_s"] for m, t in zip(mine, theirs))}
     report["load_average_at_end"] = os.getloadavg()
     print(json.dumps(report, indent=2))
 

@@ -6,6 +6,7 @@ import dsmonitor_readers as readers
 import pytest
 
 import dsconfig
+import dsmonitor
 from dsmonitor import MonitorConfigError, MonitorMaster, events
 
 EVENTS = [
@@ -118,3 +119,19 @@ def test_csv_names_that_would_share_a_file_are_reported(tmp_path):
         monitor.flush()
         assert monitor.failures == {"csv_monitor": 1}
         assert "would share the file" in str(monitor._workers[0].last_error)
+
+
+def test_disabled_wandb_and_comet_monitors_do_nothing(monkeypatch):
+    # As DeepSpeed's: built from a disabled section, they open no run / experiment and need neither package.
+    import sys
+
+    monkeypatch.setitem(sys.modules, "wandb", None)  # importing either would now fail
+    monkeypatch.setitem(sys.modules, "comet_ml", None)
+    wandb = dsmonitor.WandbMonitor(dsconfig.WandbConfig(enabled=False, group="g", team="t", project="p"))
+    comet = dsmonitor.CometMonitor(dsconfig.CometConfig(enabled=False, samples_log_interval=7))
+    for monitor in (wandb, comet):
+        monitor.write_events([("loss", 1.0, 1)])
+        monitor.flush()
+        monitor.close()
+    assert (wandb.enabled, wandb.group, wandb.team, wandb.project, wandb.run) == (False, "g", "t", "p", None)
+    assert (comet.enabled, comet.samples_log_interval, comet.experiment) == (False, 7, None)

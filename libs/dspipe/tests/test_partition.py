@@ -7,7 +7,7 @@ from torch import nn
 
 import dscomm
 from dspipe import DualPipeVModule, LayerSpec, PipelineError, PipelineModule, TiedLayerSpec
-from dspipe.partition import partition_balanced, partition_uniform
+from dspipe.partition import partition_balanced, partition_uniform, prefix_sum_inc
 
 # Boundaries computed with deepspeed.runtime.utils (0.19) for these inputs: the spread between the
 # heaviest and the lightest part is minimised, ties moving the last cut as late as possible.
@@ -120,3 +120,8 @@ def test_bad_arguments_are_clear_errors():
         DualPipeVModule([nn.Linear(2, 2)] * 2, num_stages=1, chunks=2)
     with pytest.raises(PipelineError, match="has no attribute 'weigth'"):
         PipelineModule([TiedLayerSpec("a", nn.Linear, 2, 2, tied_weight_attr="weigth")], num_stages=1)
+
+
+def test_inclusive_prefix_sums():
+    assert prefix_sum_inc([3, 4, 5]) == [3, 7, 12]
+    assert prefix_sum_inc([]) == [] and prefix_sum_inc([0.5, 0.25]) == [0.5, 0.75]

@@ -110,7 +110,11 @@ def eval_rank(rank, world, schedule):
     mean = runtime.eval_batch(iter(data), 4).item()
     per_micro = runtime.eval_batch(iter(data), 4, reduce_output=None)
     loss, logits = runtime.eval_batch(iter(data), 4, return_logits=True)
-    return mean, per_micro, logits, loss.item(), [p.grad for p in module.parameters()]
+    grads = [p.grad for p in module.parameters()]
+    module.float()  # the mean comes back in the losses' dtype on every rank, as DeepSpeed's does
+    runtime.reset_activation_shape()
+    single = runtime.eval_batch(iter([tuple(t.float() for t in b) for b in data]), 4)
+    return mean, per_micro, logits, loss.item(), grads, (loss.dtype, single.dtype, single.item())
 
 
 @pytest.mark.parametrize("schedule", ["1f1b", "dualpipev"])
@@ -121,8 +125,9 @@ def test_eval_batch_returns_the_mean_loss_on_every_rank(schedule):
         last_logits = reference(pm.batch(0, 0, 3)[0])
     results = run_ranks(eval_rank, 2, schedule, timeout=120)
     loss_rank = 0 if schedule == "dualpipev" else 1
-    for rank, (mean, per_micro, logits, loss, grads) in enumerate(results):
+    for rank, (mean, per_micro, logits, loss, grads, dtypes) in enumerate(results):
         assert mean == pytest.approx(sum(w.item() for w in want) / 4, rel=1e-12)
+        assert dtypes[:2] == (torch.float64, torch.float32) and dtypes[2] == pytest.approx(mean, rel=1e-5)
         assert loss == mean
         assert all(g is None for g in grads)  # no backward ran
         if rank == loss_rank:

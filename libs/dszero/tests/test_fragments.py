@@ -106,3 +106,44 @@ def test_local_pieces_tile_the_whole_parameter_and_a_set_gradient_is_the_one_ste
         torch.testing.assert_close(exp_avg, torch.full_like(exp_avg, 0.1 * 0.25))  # AdamW's first m: (1 - 0.9) g
     else:
         torch.testing.assert_close(exp_avg, 0.1 * grad_ref.reshape(-1), rtol=1e-5, atol=1e-8)
+
+
+def set_local_pieces(rank, world, stage):
+    model = make_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    zero = dszero.ZeroOptimizer(model, opt, ZeroConfig(stage=stage, reduce_bucket_size=500,
+                                                       stage3_param_persistence_threshold=0))
+    weight = dict(model.named_parameters())["blocks.0.mlp.0.weight"]
+    first, last = dszero.fragments.local_range(weight)
+    mine = torch.arange(first, last, dtype=torch.float32)  # each element's own index: the pieces tile 0..n-1
+    stored = tuple(weight.ds_tensor.shape) if stage == 3 else None
+    zero.backward(loss_of(model, _batch(rank, world)))
+    dszero.safe_set_local_grad(weight, mine * 2)
+    grad = dszero.safe_get_full_grad(weight)
+    with pytest.raises(dszero.ZeroError, match="this rank holds"):
+        dszero.safe_set_local_grad(weight, torch.zeros(last - first + 1))
+    dszero.safe_set_local_fp32_param(weight, mine)
+    value = dszero.safe_get_full_fp32_param(weight)
+    with dszero.GatheredParameters([weight]):
+        model_weight = weight.detach().float().clone()
+    zero.step()
+    dszero.safe_set_local_optimizer_state(weight, mine * 3, "exp_avg")
+    exp_avg = dszero.safe_get_full_optimizer_state(weight, "exp_avg")
+    dszero.safe_set_full_optimizer_state(weight, torch.ones(tuple(value.shape)), "exp_avg_sq")
+    exp_avg_sq = dszero.safe_get_local_optimizer_state(weight, "exp_avg_sq")
+    return (first, last), stored, grad, value, model_weight, exp_avg, exp_avg_sq
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_local_setters_write_this_ranks_piece_and_ds_tensor_is_its_size(stage):
+    got = run_ranks(set_local_pieces, 2, stage, timeout=120)
+    numel = got[0][2].numel()
+    whole = torch.arange(numel, dtype=torch.float32)
+    for (first, last), stored, grad, value, model_weight, exp_avg, exp_avg_sq in got:
+        torch.testing.assert_close(grad.reshape(-1), whole * 2, rtol=0, atol=0)  # both ranks' pieces, as one
+        torch.testing.assert_close(value.reshape(-1), whole, rtol=0, atol=0)
+        torch.testing.assert_close(model_weight.reshape(-1), whole, rtol=0, atol=0)  # the weights followed
+        torch.testing.assert_close(exp_avg.reshape(-1), whole * 3, rtol=0, atol=0)
+        assert exp_avg_sq.numel() == last - first and torch.all(exp_avg_sq == 1)
+        if stage == 3:
+            assert stored == (last - first,)

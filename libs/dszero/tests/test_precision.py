@@ -25,13 +25,14 @@ def test_dynamic_scaler_follows_the_reference():
     for _ in range(10):
         scaler.update(True)
     assert scaler.scale == 2                 # never below min_loss_scale
+    assert (scaler.cur_scale, scaler.cur_iter, scaler.scale_window, scaler.delayed_shift) == (2, 15, 3, 2)
 
 
 def test_static_scale_and_precision_from_config():
     precision = dszero.Precision.from_config(FP16Config(enabled=True, loss_scale=128.0))
     scaler = precision.make_scaler()
     scaler.update(True)
-    assert (precision.dtype, scaler.scale, scaler.dynamic) == ("fp16", 128.0, False)
+    assert (precision.dtype, scaler.scale, scaler.dynamic, scaler.cur_scale) == ("fp16", 128.0, False, 128.0)
     with pytest.raises(dszero.ZeroConfigError, match="valid: fp32, fp16, bf16"):
         dszero.Precision("fp8")
 
@@ -50,6 +51,7 @@ def overflow_then_train(rank, world, stage):
     zero.zero_grad()
     unchanged = all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
     scale_after = zero.loss_scale
+    assert zero.loss_scaler.cur_scale == zero.cur_scale == scale_after and zero.dynamic_loss_scale
     losses = []
     for _ in range(5):  # the same batch: the loss must fall once steps are taken again
         loss = torch.nn.functional.cross_entropy(model(tokens[:, :-1]).float().reshape(-1, 64),

@@ -50,10 +50,14 @@ def test_forward_prefetches_the_next_units_and_backward_those_released_after_for
 
 
 def test_the_bucket_bounds_the_elements_chosen_and_not_yet_needed():
-    assert recorded(60).replay(STEP[:2]) == [[1, 2], [3]]  # 10 + 1 (+ 50 would pass 60); then 1 + 50
-    units = recorded(60)
-    units.gathered.update({1, 2})
-    assert units.replay(STEP[:1]) == [[3]]  # gathered units cost nothing
+    # Chosen while under the bucket; the unit that crosses it still goes (DeepSpeed's rule).
+    assert recorded(60).replay(STEP[:2]) == [[1, 2, 3], []]  # 10 + 1 < 60: then 50, crossing it
+    assert recorded(11).replay(STEP[:2]) == [[1, 2], [3]]  # 10 + 1 reaches 11; after unit 1's need, 1 + 50
+    units = recorded(5)
+    units.gathered.update({2})
+    assert units.replay(STEP[:1]) == [[1]]  # gathered units cost nothing; 10 crosses 5, nothing after it
+    # Units larger than the bucket are prefetched too (before, unit 3 was always gathered on demand).
+    assert recorded(5).replay(STEP[:3]) == [[1], [2, 3], []]
     assert PrefetchPlan(0).ahead(lambda k: ABSENT) == []
 
 

@@ -136,3 +136,42 @@ def test_units_of_later_layers_are_released_in_backward_with_several_optimizer_g
         for last_block, everything in seen:
             assert last_block == 0
             assert everything <= 2 * largest_block
+
+
+def alternating_units(rank, world):
+    # Linear layers with a bias (two-parameter units: their gradients are copied into a flat buffer) between
+    # bias-free ones (a lone gradient is reduced as it is); every unit is larger than the prefetch bucket.
+    d = 16
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(d, d, bias=index % 2 == 0) for index in range(8)])
+    reference = torch.nn.Sequential(*[torch.nn.Linear(d, d, bias=index % 2 == 0) for index in range(8)])
+    reference.load_state_dict(model.state_dict())
+    zero = dszero.ZeroOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                                ZeroConfig(stage=3, stage3_param_persistence_threshold=0,
+                                           stage3_prefetch_bucket_size=10, stage3_max_reuse_distance=0))
+    plain = torch.optim.SGD(reference.parameters(), lr=0.1)
+    allocations, prefetched = [], []
+    for step in range(3):
+        batch = torch.randn(4 * world, d, generator=torch.Generator().manual_seed(step))
+        zero.backward(model(batch.chunk(world)[rank]).square().mean())
+        zero.step()
+        zero.zero_grad()
+        reference(batch).square().mean().backward()
+        plain.step()
+        plain.zero_grad()
+        allocations.append(zero.reducer.flat_allocations)
+        prefetched.append(sum(u.prefetch_count for u in zero.groups))
+    with dszero.GatheredParameters(list(model.parameters())):
+        gap = max((a - b).abs().max().item() for a, b in zip(model.parameters(), reference.parameters()))
+    return allocations, prefetched, gap
+
+
+def test_flat_gradient_buffers_are_reused_and_units_larger_than_the_bucket_are_prefetched():
+    for allocations, prefetched, gap in run_ranks(alternating_units, 2, timeout=60):
+        # Four two-parameter units of one size per backward, two reductions in flight: the third and fourth reuse
+        # the first two's buffers (before: four new buffers per backward). None is kept between steps.
+        assert [allocations[0], allocations[1] - allocations[0], allocations[2] - allocations[1]] == [2, 2, 2]
+        # Each unit exceeds the 10-element bucket and is still gathered ahead from the second step on (as
+        # DeepSpeed admits the parameter that crosses the bucket); before, never.
+        assert prefetched[0] == 0 and prefetched[1] > 0 and prefetched[2] > prefetched[1]
+        assert gap < 1e-6  # trains as one process on the whole batch

@@ -127,6 +127,12 @@ class DeepSpeedEngine(EngineAccessors, torch.nn.Module):
         gas = self.gradient_accumulation_steps()
         return loss / gas if scale_wrt_gas and gas != 1 else loss
 
+    def _backward_epilogue(self) -> None:
+        """DeepSpeed's step after autograd, for scripts that call loss.backward() themselves (several engines
+        under one shared loss): the backward counts toward the coming step, as engine.backward's own does."""
+        self._require_optimizer("_backward_epilogue")
+        self._progress.record_backward()
+
     def is_gradient_accumulation_boundary(self) -> bool:
         """Whether the next step() updates the weights."""
         managed = self._config.managed_gradient_accumulation

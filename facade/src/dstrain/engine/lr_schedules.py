@@ -255,10 +255,20 @@ class OneCycle(_Schedule):
                  decay_step_size: int = 0, cycle_momentum: bool = True, cycle_min_mom: float = 0.8,
                  cycle_max_mom: float = 0.9, decay_mom_rate: float = 0.0, last_batch_iteration: int = -1):
         self.optimizer = _param_groups_owner(optimizer)
+        # The first half must have steps (the scale divides by its share of the cycle); the second may be empty.
+        if isinstance(cycle_first_step_size, bool) or not isinstance(cycle_first_step_size, (int, float)) \
+                or cycle_first_step_size <= 0:
+            raise ValueError(f"cycle_first_step_size must be a positive number of steps, got {cycle_first_step_size!r}")
+        if cycle_second_step_size is not None and (isinstance(cycle_second_step_size, bool)
+                                                   or not isinstance(cycle_second_step_size, (int, float))
+                                                   or cycle_second_step_size < 0):
+            raise ValueError(f"cycle_second_step_size must be a number of steps >= 0 (or None: as the first), got "
+                             f"{cycle_second_step_size!r}")
         self.first_step_size = float(cycle_first_step_size)
         self.second_step_size = (float(cycle_second_step_size) if cycle_second_step_size is not None
                                  else self.first_step_size)
         self.total_size = self.first_step_size + self.second_step_size
+        self.step_ratio = self.first_step_size / self.total_size  # DeepSpeed's name: the rising half's share
         self.first_stair_count = cycle_first_stair_count
         self.second_stair_count = (cycle_first_stair_count if cycle_second_stair_count is None
                                    else cycle_second_stair_count)

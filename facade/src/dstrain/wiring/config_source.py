@@ -45,6 +45,10 @@ def load_config(source: Any, data_parallel_size: int, *, strict: bool = False,
     values of known keys are always checked. "auto" tuning knobs (bucket sizes, ...) get dsconfig's
     numbers (Hugging Face's rules from `hidden_size` where known); any other "auto" is refused.
     """
+    from ..compat.runtime.config import DeepSpeedConfig as DeepSpeedsConfig
+
+    if isinstance(source, DeepSpeedsConfig):  # DeepSpeed's class built by the script: its dsconfig config
+        source = source.config
     if isinstance(source, DeepSpeedConfig):
         raw = None
         cfg = source

@@ -35,6 +35,8 @@ def compile_deepcompile(engine: Any, backend: str, compile_kwargs: dict | None, 
     if zero.stage == 0:
         log_on_rank0(engine.global_rank, "compile.deepcompile schedules ZeRO stages 1-3; at stage 0 the model is "
                                           "compiled with plain torch.compile, as DeepSpeed falls back to it")
+        if "long_context_checkpointing" in config.compile.passes:  # its partitioner needs no ZeRO
+            backend = require("dscompile", "compile.passes long_context_checkpointing").long_context_backend(backend)
         engine.module.compile(backend=backend, **(compile_kwargs or {}))
         return None
     problems = []  # compile.passes autosp / autotp were routed to their own passes above

@@ -30,9 +30,10 @@ import dscomm
 from dsconfig import ConfigError, DeepSpeedConfig, Problem
 
 from ..errors import UnsupportedFeatureError
-from .optional_libs import imported
+from .optional_libs import imported, require
 
 KEY = "sequence_parallel_size"
+LONG_CONTEXT = "long_context_checkpointing"  # compile.passes: dscompile's selective activation checkpointing
 
 
 def sequence_degree(config: DeepSpeedConfig) -> int:
@@ -141,13 +142,16 @@ def compile_autosp(engine: Any, backend: str, compile_kwargs: dict | None) -> An
         problems.append(Problem("zero_optimization.stage", "AutoSP runs with ZeRO stages 0-2 (DeepSpeed's example "
                                                            "uses 0); stage 3's gathers are DeepCompile's ZeRO passes, "
                                                            "which do not run beside autosp", 3))
-    other = [name for name in config.compile.passes if name != "autosp"]
+    other = [name for name in config.compile.passes if name not in ("autosp", LONG_CONTEXT)]
     if other:
-        problems.append(Problem("compile.passes", f"autosp runs alone; remove {other}", config.compile.passes))
+        problems.append(Problem("compile.passes", f"autosp runs alone or with {LONG_CONTEXT}; remove {other}",
+                                config.compile.passes))
     if problems:
         raise UnsupportedFeatureError(problems)
     import dsseq
 
+    if LONG_CONTEXT in config.compile.passes:  # AutoSP's companion: dscompile's partitioner under the backend
+        backend = require("dscompile", f"compile.passes {LONG_CONTEXT}").long_context_backend(backend)
     return dsseq.compile_autosp(engine.module, engine.seq_parallel_group, backend=backend,
                                 compile_kwargs=compile_kwargs)
 

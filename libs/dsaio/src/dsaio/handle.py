@@ -146,18 +146,22 @@ class aio_handle:  # DeepSpeed's name, lower case
                 raise op.error
         return len(ops)
 
-    def sync_pread(self, buffer: Any, filename: Any, file_offset: int = 0) -> int:
-        return self._start(buffer, filename, file_offset, True, True, False, False, "sync_pread")
+    # `filename` may also be an open file descriptor, given in its place or by name as `fd=` (DeepSpeed's overload).
+    def sync_pread(self, buffer: Any, filename: Any = None, file_offset: int = 0, *, fd: int | None = None) -> int:
+        target = _file_or_fd(filename, fd, "sync_pread")
+        return self._start(buffer, target, file_offset, True, True, False, False, "sync_pread")
 
-    def sync_pwrite(self, buffer: Any, filename: Any, file_offset: int = 0) -> int:
-        return self._start(buffer, filename, file_offset, False, True, False, False, "sync_pwrite")
+    def sync_pwrite(self, buffer: Any, filename: Any = None, file_offset: int = 0, *, fd: int | None = None) -> int:
+        target = _file_or_fd(filename, fd, "sync_pwrite")
+        return self._start(buffer, target, file_offset, False, True, False, False, "sync_pwrite")
 
-    def async_pread(self, buffer: Any, filename: Any, file_offset: int = 0) -> int:
-        return self._start(buffer, filename, file_offset, True, True, True, False, "async_pread")
+    def async_pread(self, buffer: Any, filename: Any = None, file_offset: int = 0, *, fd: int | None = None) -> int:
+        target = _file_or_fd(filename, fd, "async_pread")
+        return self._start(buffer, target, file_offset, True, True, True, False, "async_pread")
 
-    def async_pwrite(self, buffer: Any, filename: Any, file_offset: int = 0) -> int:
-        """`filename` may also be an open file descriptor (DeepSpeed's fd overload)."""
-        return self._start(buffer, filename, file_offset, False, True, True, False, "async_pwrite")
+    def async_pwrite(self, buffer: Any, filename: Any = None, file_offset: int = 0, *, fd: int | None = None) -> int:
+        target = _file_or_fd(filename, fd, "async_pwrite")
+        return self._start(buffer, target, file_offset, False, True, True, False, "async_pwrite")
 
     def pread(self, buffer: Any, filename: Any, validate: bool = False, async_op: bool = False,
               file_offset: int = 0, **kwargs: Any) -> int:
@@ -219,6 +223,16 @@ class _Failed:
         self.error = error
         self.done = threading.Event()
         self.done.set()
+
+
+def _file_or_fd(filename: Any, fd: int | None, operation: str) -> Any:
+    """The file an operation names: a path or descriptor as `filename`, or a descriptor as `fd` (exactly one)."""
+    if (filename is None) == (fd is None):
+        raise TypeError(f"{operation}() takes the file as filename (a path or an open descriptor) or as fd=, exactly "
+                        f"one of them; got filename={filename!r}, fd={fd!r}")
+    if fd is not None and (isinstance(fd, bool) or not isinstance(fd, int)):
+        raise TypeError(f"{operation}(fd={fd!r}): fd must be an open file descriptor (an int)")
+    return filename if fd is None else fd
 
 
 def _no_more(kwargs: dict, operation: str) -> None:

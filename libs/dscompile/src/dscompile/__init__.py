@@ -8,6 +8,7 @@ all through dszero's own controls, so compiled and eager ZeRO share one partitio
 
 from . import ops
 from ._version import __version__
+from .checkpointing import LongContextBackend, LongContextPartitioner, long_context_backend
 from .compiler import deepcompile, uncompile
 from .errors import DeepCompileError
 from .graphinfo import Budgets, GraphInfo, ParamSlot, Profile, UnitSlot
@@ -23,6 +24,8 @@ __all__ = [
     "DeepCompileError",
     "DeepCompileRuntime",
     "GraphInfo",
+    "LongContextBackend",
+    "LongContextPartitioner",
     "MemoryProfile",
     "ParamSlot",
     "Profile",
@@ -30,6 +33,7 @@ __all__ = [
     "__version__",
     "deepcompile",
     "default_schedule",
+    "long_context_backend",
     "ops",
     "profile_memory",
     "uncompile",

@@ -59,6 +59,8 @@ class DeepCompileBackend:
         def rewrite(module: fx.GraphModule, kind: str) -> fx.GraphModule:
             return self._rewrite(module, kind, index, slots, state, passes)
 
+        partitioner = self._joint_partitioner(passes)
+
         if self.backend == "inductor":
             from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
@@ -69,6 +71,8 @@ class DeepCompileBackend:
                 return compile_fx_inner(rewrite(module, kind), inputs, **kwargs)
 
             patches = {**self.inductor_options, "size_asserts": False, "fx_graph_cache": False}
+            if partitioner is not None:
+                patches["custom_partitioner_fn"] = partitioner
             with torch._functorch.config.patch(enable_autograd_cache=False):
                 return compile_fx(gm, example_inputs, inner_compile=inner, config_patches=patches)
 
@@ -81,7 +85,7 @@ class DeepCompileBackend:
             # gathered weights alive until backward). Dynamo marks them; a recompile's copy may not.
             static = set(kwargs.get("static_lifetime_input_indices") or ())
             kwargs["static_lifetime_input_indices"] = sorted(static | {i for i, s in enumerate(slots) if s})
-            forward, backward = min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
+            forward, backward = (partitioner or min_cut_rematerialization_partition)(joint, joint_inputs, **kwargs)
             state.num_saved = sum(1 for n in placeholders(backward.graph) if not n.name.startswith("tangents"))
             return forward, backward
 
@@ -92,6 +96,16 @@ class DeepCompileBackend:
             return aot_module_simplified(gm, example_inputs, fw_compiler=compiler(FORWARD),
                                          bw_compiler=compiler(BACKWARD), inference_compiler=compiler(INFERENCE),
                                          partition_fn=partition)
+
+    def _joint_partitioner(self, passes: tuple[Any, ...]) -> Any:
+        """The partitioner that runs the entry's joint passes first (long_context_checkpointing), or None."""
+        if not any(isinstance(item, str) and REGISTRY[item].joint for item in passes):
+            return None
+        from .checkpointing import LongContextPartitioner
+
+        counts = self.runtime.stats
+        return LongContextPartitioner(self.runtime.budgets.long_context_min_seq_len,
+                                      on_plan=lambda plan: counts.update(long_context_recomputed=len(plan.recomputed)))
 
     def _rewrite(self, module: fx.GraphModule, kind: str, index: int, slots: list[ParamSlot | None],
                  state: _PairState, passes: tuple[Any, ...]) -> fx.GraphModule:

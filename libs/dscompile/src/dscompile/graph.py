@@ -86,6 +86,22 @@ def value_of(node: fx.Node) -> Any:
     return value if value is not None else node.meta.get("example_value")
 
 
+def example_empty(anchor: fx.Node, numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """An example value (meta["val"]) for a node a pass adds, on the anchor's device: a fake tensor in the
+    anchor's fake mode, as AOT autograd's own nodes hold, or, in a graph traced with real values, a tensor
+    with no storage. Never real memory: graphs (and the runtime's copies of them) live as long as the
+    compiled code, and a real buffer per inserted gather would hold a unit's size each, for good."""
+    value = value_of(anchor)
+    device = value.device if isinstance(value, torch.Tensor) else torch.device("cpu")
+    mode = getattr(value, "fake_mode", None)
+    if mode is not None:
+        with mode:
+            return torch.empty(numel, dtype=dtype, device=device)
+    empty = torch.empty(numel, dtype=dtype, device=device)
+    empty.untyped_storage().resize_(0)
+    return empty
+
+
 def nbytes(node: fx.Node) -> int:
     """Bytes of memory the node's value holds (its tensors' elements; 0 when unknown or symbolic)."""
     total = 0

@@ -44,11 +44,13 @@ class Budgets:
 
     prefetch_bytes: int = 0  # gathered ahead of their use, at any time (stage3_prefetch_bucket_size)
     live_bytes: int = 1 << 62  # gathered parameters at any time, kept ones included (stage3_max_live_parameters)
-    peak_bytes: int | None = None  # a whole-graph peak prefetching may not raise the graph above
+    peak_bytes: int | None = None  # a graph's peak (kept units included) prefetch and selective gather stay within
+    keep_margin: float = 0.1  # no peak_bytes given: kept units may add this much of the profiled step peak
     gathers_ahead: int = 2  # gathers in flight at once (double_buffer: 2, else 1)
     free_activation_bytes: int = 10 * 1024 * 1024  # compile.free_activation_threshold
     offload_activation_bytes: int = 5 * 1024 * 1024  # the reference's floor for an activation worth moving
     offload_activation_budget: int | None = None  # offload until the forward's peak is under this (None: all)
+    long_context_min_seq_len: int = 4096  # long_context_checkpointing recomputes from this many tokens per rank
 
 
 @dataclass

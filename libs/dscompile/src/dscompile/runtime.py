@@ -9,6 +9,7 @@ compiled forward runs (see `forward_window`), and counts what its ops did (`stat
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 from collections import Counter
@@ -27,7 +28,7 @@ from .errors import DeepCompileError
 from .fallback import EagerGather
 from .graphinfo import Budgets, GraphInfo, ParamSlot, Profile, UnitSlot
 from .memory import profile_memory
-from .passes import choose_kept_units
+from .passes import choose_kept_units, keep_budget
 from .profiling import InputStore, time_graph
 from .schedule import Entry, default_schedule, entry_at, names_in, validate_schedule
 
@@ -196,20 +197,36 @@ class DeepCompileRuntime:
             logger.info("DeepCompile: step %s, passes %s", self.schedule[index][0], list(map(str, self.passes_now())))
 
     def _apply_selective_gather(self) -> None:
-        at_once = max((profile_memory(module.graph, info).max_gathered for module, info in self.graphs.values()),
-                      default=0)
+        profiles = [profile_memory(module.graph, info) for module, info in self.graphs.values()]
+        at_once = max((p.max_gathered for p in profiles), default=0)
+        kept_now = sum(self.unit_slots[k].nbytes for k in self.kept_units)
+        # The graphs' peak with nothing kept: a kept unit, gathered again where it is read, adds at most its bytes.
+        graph_peak = max((p.max_peak for p in profiles), default=0) + kept_now
+        if profiles and self.budgets.peak_bytes is None:
+            self.budgets = dataclasses.replace(self.budgets, peak_bytes=keep_budget(
+                graph_peak, self._resident_bytes(kept_now), self.budgets.keep_margin))
         headroom = None
         if self.params and self.params[0].device.type == "cuda":
             free, _total = torch.cuda.mem_get_info(self.params[0].device)
             headroom = int(self._min_over_ranks(float(free)) * 0.9)
         candidates = {k: u for k, u in self.unit_slots.items() if not self.units[k].persistent or k in self.kept_units}
-        kept = choose_kept_units(candidates, at_once, self.budgets, self.profile, headroom)
+        kept = choose_kept_units(candidates, at_once, self.budgets, self.profile, headroom,
+                                 graph_peak if profiles else None)
         for key in sorted(set(self.kept_units) - kept):
             self.controls.keep_gathered(self.units[key], False)
         for key in sorted(kept - set(self.kept_units)):
             self.controls.keep_gathered(self.units[key], True)
         self.kept_units = kept
         self.stats["kept_units"] = len(kept)
+        self.stats["kept_bytes"] = sum(self.unit_slots[k].nbytes for k in kept)
+        self.stats["keep_budget_bytes"] = (self.budgets.peak_bytes or 0) - graph_peak if profiles else 0
+
+    def _resident_bytes(self, kept_bytes: int) -> int:
+        """What this rank holds across steps (parameter shards, gradients, master weights, optimizer states:
+        dszero's memory report), without units kept gathered; every rank takes the largest, so all choose alike."""
+        report = getattr(self.controls.zero, "memory_report", None)
+        held = max(report()["device_bytes"] - kept_bytes, 0) if report is not None else 0
+        return int(-self._min_over_ranks(-float(held)))
 
     def _profiling_run(self) -> None:
         self.profiling = True
@@ -283,7 +300,9 @@ class DeepCompileRuntime:
     def _complete_gather(self, unit_key: int) -> None:
         handle, start, size = self.pending.pop(unit_key)
         if handle is not None:
+            began = time.perf_counter()
             handle.wait()
+            self.stats["gather_wait_us"] += int((time.perf_counter() - began) * 1e6)
         self.ahead -= size
         if not self.profiling:
             self.profile.gather_seconds[unit_key] = time.perf_counter() - start

@@ -40,6 +40,8 @@ def default_schedule(stage: int, settings: CompileConfig) -> list[Entry]:
         raise DeepCompileError(f"DeepCompile schedules ZeRO stages 1, 2 and 3; zero_optimization.stage is {stage}")
     if settings.free_activation:
         entries = [(step, [*names, "free_activation"]) for step, names in entries]
+    if "long_context_checkpointing" in settings.passes:
+        entries = [(step, [*names, "long_context_checkpointing"]) for step, names in entries]
     return [(step, tuple(names)) for step, names in entries]
 
 

@@ -10,6 +10,13 @@ from ._version import __version__
 from .auto import RESOLVABLE as AUTO_RESOLVABLE
 from .auto import resolve_auto
 from .config import DeepSpeedConfig
+from .elasticity import (
+    ElasticityConfig,
+    ElasticityConfigError,
+    ElasticityError,
+    ElasticityIncompatibleWorldSize,
+    compute_elastic_config,
+)
 from .errors import ConfigError, ConfigWarning, Problem
 from .fields import AUTO
 from .jsonio import read_source
@@ -84,6 +91,10 @@ __all__ = [
     "DataTypesConfig",
     "DeepSpeedConfig",
     "DeepSpeedConfigError",
+    "ElasticityConfig",
+    "ElasticityConfigError",
+    "ElasticityError",
+    "ElasticityIncompatibleWorldSize",
     "ExpertParallelConfig",
     "FP16Config",
     "FlopsProfilerConfig",
@@ -108,6 +119,7 @@ __all__ = [
     "WandbConfig",
     "ZeroConfig",
     "__version__",
+    "compute_elastic_config",
     "json_schema",
     "load",
     "load_section",

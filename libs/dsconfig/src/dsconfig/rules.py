@@ -197,13 +197,17 @@ def compile_rules(cfg: DeepSpeedConfig) -> Iterator[Finding]:
         yield Finding(Problem("compile.passes", "compiler passes run only with compile.deepcompile: true; ignored",
                               comp.passes),
                       inert=True, neutralize=lambda c: attrs.evolve(c, compile=attrs.evolve(c.compile, passes=[])))
+    if comp.deepcompile and {"autotp", "long_context_checkpointing"} <= set(comp.passes):
+        yield _error("compile.passes", "long_context_checkpointing runs beside autosp or the ZeRO passes, not beside "
+                                       "autotp (its pass compiles the tensor-parallel graph on its own)", comp.passes)
     if "autotp" in comp.passes and cfg.tensor_parallel.autotp_size <= 1:
         yield _error("compile.passes", "the autotp pass needs tensor_parallel.autotp_size greater than 1",
                      comp.passes)
     if comp.deepcompile and not cfg.managed_gradient_accumulation:
         yield _error("managed_gradient_accumulation", "false is incompatible with compile.deepcompile", False)
     if comp.deepcompile and cfg.gradient_allreduce_op == "sum":
-        yield _error("gradient_allreduce_op", "\"sum\" is not supported with compile.deepcompile", "sum")
+        yield _error("gradient_allreduce_op", "\"sum\" is not supported with DeepCompile (compile.deepcompile); "
+                     "use \"mean\"", "sum")
 
 
 def profiling_rules(cfg: DeepSpeedConfig) -> Iterator[Finding]:

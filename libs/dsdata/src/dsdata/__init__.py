@@ -10,6 +10,7 @@ from ._version import __version__
 from .curriculum_scheduler import CurriculumScheduler
 from .data_analyzer import DataAnalyzer
 from .data_sampler import DataSampler, DeepSpeedDataSampler
+from .distributed_analyzer import DistributedDataAnalyzer
 from .errors import DataEfficiencyError
 from .indexed_dataset import (
     MMapIndexedDataset,
@@ -33,6 +34,7 @@ from .schedules import fixed_discrete, fixed_linear, fixed_root, make_schedule
 from .seqlen import reshape, seqlen_post_process, truncate
 
 __all__ = ["CurriculumScheduler", "DataAnalyzer", "DataEfficiencyError", "DataSampler", "DeepSpeedDataSampler",
+           "DistributedDataAnalyzer",
            "MMapIndexedDataset", "MMapIndexedDatasetBuilder", "RandomLTDScheduler", "RandomLayerTokenDrop",
            "SampledDataLoader", "__version__", "close_mmap_dataset_builder", "configure_random_ltd",
            "convert_to_random_ltd", "create_mmap_dataset_builder", "effective_seq_length", "find_fit_int_dtype",

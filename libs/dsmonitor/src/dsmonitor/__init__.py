@@ -12,6 +12,7 @@ from ._version import __version__
 from .backends import Backend, CometMonitor, CSVMonitor, TensorBoardMonitor, WandbMonitor, csvMonitor
 from .errors import MissingExtraError, MonitorConfigError, MonitorError
 from .master import MonitorMaster
+from .memory import see_memory_usage
 from .timers import SynchronizedWallClockTimer, ThroughputTimer
 
 _LAZY = {  # name -> module: these import torch, so they load on first use
@@ -47,4 +48,5 @@ __all__ = [
     "csvMonitor",
     "events",
     "get_model_profile",
+    "see_memory_usage",
 ]

@@ -27,6 +27,7 @@ _LAZY: dict[str, str] = {
     "TiedLayerSpec": ".layers",
     "partition_uniform": ".partition",
     "partition_balanced": ".partition",
+    "prefix_sum_inc": ".partition",
     "PipelineRuntime": ".runtime",
     "GradientSync": ".runtime",
     "AveragedOptimizer": ".runtime",

@@ -28,6 +28,14 @@ def partition_uniform(num_items: int, num_parts: int) -> list[int]:
     return [p * size + min(p, extra) for p in range(num_parts + 1)]
 
 
+def prefix_sum_inc(weights: Sequence[float]) -> list[float]:
+    """Inclusive prefix sums: element i is weights[0] + ... + weights[i] (DeepSpeed's name)."""
+    sums: list[float] = []
+    for value in weights:
+        sums.append(value + (sums[-1] if sums else 0))
+    return sums
+
+
 def partition_balanced(weights: Sequence[float], num_parts: int) -> list[int]:
     """Contiguous parts whose weight sums are as even as possible: the smallest spread between the heaviest
     and the lightest part (the linear partition problem, by dynamic programming in O(n^2 k)). Among equal
@@ -37,9 +45,7 @@ def partition_balanced(weights: Sequence[float], num_parts: int) -> list[int]:
     n, k = len(values), num_parts
     if n <= k:
         return partition_uniform(n, k)
-    prefix = [0.0]
-    for value in values:
-        prefix.append(prefix[-1] + value)
+    prefix = [0.0, *prefix_sum_inc(values)]
     inf = math.inf
     # best[j][i]: (spread, heaviest, lightest, start of the last part) of the first i items in j parts.
     spread = [[inf] * (n + 1) for _ in range(k + 1)]

@@ -143,7 +143,7 @@ class AutoSPRuntime:
     group: Any
     sp: int
     rank: int
-    backend: str
+    backend: str | Callable[..., Any]  # a torch.compile backend: its name or the callable
     original_forward: Callable[..., Any]
     attention_per_graph: list[int] = field(default_factory=list)
     _compiled: Callable[..., Any] | None = None
@@ -212,10 +212,12 @@ class AutoSPRuntime:
         return output
 
 
-def compile_autosp(module: torch.nn.Module, group: Any, backend: str = "inductor",
+def compile_autosp(module: torch.nn.Module, group: Any, backend: str | Callable[..., Any] = "inductor",
                    compile_kwargs: dict | None = None) -> AutoSPRuntime:
     """Compile `module` with AutoSP over the sequence `group`, in place: calling it runs the compiled
-    step (prepared inputs, whole sequence in; the output's `loss` is the whole sequence's)."""
+    step (prepared inputs, whole sequence in; the output's `loss` is the whole sequence's). `backend`: a
+    torch.compile backend's name or callable, given each graph after the pass (dscompile's
+    long_context_backend adds long-context activation checkpointing)."""
     if isinstance(getattr(module.forward, "__self__", None), AutoSPRuntime):
         raise SequenceParallelError(f"compile_autosp: {type(module).__name__} is already compiled with AutoSP")
     runtime = AutoSPRuntime(module, group, group_size(group), group_rank(group), backend, module.forward)

@@ -24,6 +24,11 @@ from .fragments import (
     safe_get_local_optimizer_state,
     safe_set_full_fp32_param,
     safe_set_full_grad,
+    safe_set_full_optimizer_state,
+    safe_set_local_fp32_param,
+    safe_set_local_grad,
+    safe_set_local_optimizer_state,
+    safe_update_full_grad_vectorized,
 )
 from .held import HeldParameters
 from .inference import ZeroInference
@@ -76,6 +81,11 @@ __all__ = [
     "safe_get_local_optimizer_state",
     "safe_set_full_fp32_param",
     "safe_set_full_grad",
+    "safe_set_full_optimizer_state",
+    "safe_set_local_fp32_param",
+    "safe_set_local_grad",
+    "safe_set_local_optimizer_state",
+    "safe_update_full_grad_vectorized",
     "set_z3_leaf_modules",
     "unset_z3_leaf_modules",
 ]

@@ -153,3 +153,82 @@ def safe_set_full_grad(param: torch.Tensor, value: torch.Tensor) -> None:
     first, last = local_range(param)
     flat = value.detach().reshape(-1)[first:last].to(device=shard.device, dtype=torch.float32)
     shard[piece].copy_(flat * zero.gradient_unscale)
+
+
+def _local_value(name: str, slot: Slot, value: torch.Tensor, first: int, last: int) -> torch.Tensor:
+    if value.numel() != last - first:
+        raise ZeroError(f"{name}({slot.name}): this rank holds {last - first} of the parameter's elements "
+                        f"[{first}, {last}) (dszero.fragments.local_range), the value has {value.numel()}")
+    return value.detach().reshape(-1)
+
+
+def safe_set_local_fp32_param(param: torch.Tensor, value: torch.Tensor) -> None:
+    """Replace this rank's piece of the parameter's master value (`value`: as many elements as
+    safe_get_local_fp32_param answers). The model weights follow: call it on every rank of the group (each with
+    its own piece, possibly empty), as the updated shards are shared with the other ranks."""
+    zero, group, slot, piece = _shard_slice(param)
+    first, last = local_range(param)
+    flat = _local_value("safe_set_local_fp32_param", slot, value, first, last)
+    with zero.stepper.resident(write_back=True):
+        group.master[piece].copy_(flat.to(device=group.master.device, dtype=group.master.dtype))
+        zero._share_updated_weights()
+
+
+def safe_set_local_grad(param: torch.Tensor, value: torch.Tensor) -> None:
+    """Make `value` this rank's piece of the gradient the next step() applies (as safe_get_local_grad answers
+    it); no communication. Stages 2 and 3 only (below them the gradients are reduced at the step)."""
+    zero, group, slot, piece = _shard_slice(param)
+    first, last = local_range(param)
+    flat = _local_value("safe_set_local_grad", slot, value, first, last)
+    zero.finish_backward()
+    shard = zero.reducer.grad_shard(zero.groups.index(group))
+    if shard is None:
+        raise ZeroError(f"safe_set_local_grad({slot.name}): at ZeRO stage {zero.stage} gradients are reduced only "
+                        f"at the step, from each rank's own; setting the reduced gradient needs stage 2 or 3")
+    shard[piece].copy_(flat.to(device=shard.device, dtype=torch.float32) * zero.gradient_unscale)
+
+
+def _state_tensor(zero: ZeroOptimizer, group: Any, slot: Slot, key: str) -> torch.Tensor:
+    state = zero.optimizer.state.get(group.master_param, {})
+    if key not in state or not torch.is_tensor(state[key]):
+        raise ZeroError(f"{slot.name} has no optimizer state {key!r}; it has {sorted(state)} (the optimizer creates "
+                        f"its state at the first step)")
+    return state[key]
+
+
+def safe_set_local_optimizer_state(param: torch.Tensor, value: torch.Tensor, optim_state_key: str) -> None:
+    """Replace this rank's piece of the parameter's optimizer state `optim_state_key`; no communication."""
+    zero, group, slot, piece = _shard_slice(param)
+    first, last = local_range(param)
+    flat = _local_value("safe_set_local_optimizer_state", slot, value, first, last)
+    with zero.stepper.resident(write_back=True):
+        target = _state_tensor(zero, group, slot, optim_state_key)
+        target[piece].copy_(flat.to(device=target.device, dtype=target.dtype))
+
+
+def safe_set_full_optimizer_state(param: torch.Tensor, value: torch.Tensor, optim_state_key: str) -> None:
+    """Replace the parameter's whole optimizer state `optim_state_key`: call it on every rank with the same
+    value; each rank keeps its piece, without communication."""
+    zero, group, slot, piece = _shard_slice(param)
+    if tuple(value.shape) != tuple(slot.shape):
+        raise ZeroError(f"safe_set_full_optimizer_state({slot.name}): value has shape {tuple(value.shape)}, the "
+                        f"parameter {tuple(slot.shape)}")
+    first, last = local_range(param)
+    with zero.stepper.resident(write_back=True):
+        target = _state_tensor(zero, group, slot, optim_state_key)
+        flat = value.detach().reshape(-1)[first:last]
+        target[piece].copy_(flat.to(device=target.device, dtype=target.dtype))
+
+
+def safe_update_full_grad_vectorized(param_list: list[torch.Tensor], update_func: Any) -> None:
+    """Replace each parameter's gradient by `update_func(its full gradient, param)`, as safe_get_full_grad
+    answers it and safe_set_full_grad sets it: collective, so call it on every rank with the same parameters (and
+    an update that gives every rank the same value). Stages 2 and 3, as safe_set_full_grad."""
+    for param in param_list:
+        old = safe_get_full_grad(param)
+        new = update_func(old, param)
+        if not torch.is_tensor(new):
+            raise ZeroError(f"safe_update_full_grad_vectorized: update_func returned {type(new).__name__} for a "
+                            f"parameter of shape {tuple(param.shape) if param.numel() else 'partitioned'}; it must "
+                            f"return the new gradient as a tensor")
+        safe_set_full_grad(param, new)

@@ -7,8 +7,9 @@
 Inside the context every `nn.Module` subclass's `__init__` is wrapped: when a module's outermost
 `__init__` returns, each of its own trainable parameters is broadcast from rank 0 and replaced by
 this rank's shard (the parameter becomes an empty tensor; `param.ds_shape` / `param.ds_numel`
-give its full size). A rank therefore holds at most one module's whole parameters at a time, plus
-its shards of the rest. `nn.MultiheadAttention` writes its child projection's weights in its own
+give its full size; `param.ds_tensor` is a view of the piece this rank stores, unless NVMe holds
+it). A rank therefore holds at most one module's whole parameters at a time, plus its shards of the
+rest. `nn.MultiheadAttention` writes its child projection's weights in its own
 `__init__`, so its children are partitioned when it finishes. A module that writes into its
 children's parameters after building them must do so inside
 `dszero.GatheredParameters(child.parameters(), modifier_rank=0)`.

@@ -231,6 +231,19 @@ class ZeroOptimizer:
         return self.optimizer.param_groups
 
     @property
+    def loss_scaler(self) -> Any:
+        """DeepSpeed's name for the loss scaler (`cur_scale`, and `cur_iter` / `scale_window` when dynamic)."""
+        return self.scaler
+
+    @property
+    def dynamic_loss_scale(self) -> bool:
+        return self.scaler.dynamic
+
+    @property
+    def cur_scale(self) -> float:
+        return self.scaler.scale
+
+    @property
     def loss_scale(self) -> float:
         return self.scaler.scale
 

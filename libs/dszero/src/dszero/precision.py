@@ -92,6 +92,11 @@ class LossScaler:
     def update(self, overflow: bool) -> None:
         """Nothing to adapt."""
 
+    @property
+    def cur_scale(self) -> float:
+        """DeepSpeed's name for the current scale."""
+        return self.scale
+
     def state_dict(self) -> dict[str, Any]:
         return {"scale": self.scale}
 
@@ -113,6 +118,11 @@ class DynamicLossScaler(LossScaler):
         self.hysteresis_left = hysteresis
         self.steps = 0
         self.last_overflow_step = -1
+
+    # DeepSpeed's DynamicLossScaler names: steps seen, the window, the delayed shift (hysteresis)
+    cur_iter = property(lambda self: self.steps)
+    scale_window = property(lambda self: self.window)
+    delayed_shift = property(lambda self: self.hysteresis)
 
     def update(self, overflow: bool) -> None:
         if overflow:

@@ -2,8 +2,11 @@
 
 The first forward + backward records the order in which units are needed (forward and backward
 pre-hooks). On later steps, each need that matches the recording moves a cursor along it, and the
-units needed next, up to the bucket size in elements (counting those already in flight, skipping
-those already gathered), are gathered asynchronously while the current module computes. The caller
+units needed next are gathered asynchronously while the current module computes: chosen in need
+order while the elements chosen and not yet needed (those already in flight included, those already
+gathered not counted) stay under the bucket size. The unit that crosses the bucket is still chosen,
+as DeepSpeed's coordinator admits parameters while its count is below the bucket: a unit larger than
+the bucket (a layer's stacked experts) is prefetched too, never always gathered on demand. The caller
 asks for them after every need (see `ahead`).
 
 Deadlock-free because every input to the choice (the recording, the cursor, which units are
@@ -51,7 +54,8 @@ class PrefetchPlan:
             self.in_flight.clear()
 
     def ahead(self, state: Callable[[int], int]) -> list[int]:
-        """Units to gather now, in need order, keeping at most `bucket` elements chosen and not yet needed.
+        """Units to gather now, in need order, while the elements chosen and not yet needed are under
+        `bucket` (the last one chosen may cross it).
 
         The look-ahead moves on from where it stopped, so a step costs time linear in its needs: it
         passes units chosen or KEPT, and waits at a BUSY unit or a second need of one in flight.
@@ -69,7 +73,7 @@ class PrefetchPlan:
             if now == BUSY:
                 break
             if now == ABSENT:
-                if used + self.numel[key] > self.bucket:
+                if used >= self.bucket:
                     break
                 used += self.numel[key]
                 self.in_flight[key] = self.numel[key]

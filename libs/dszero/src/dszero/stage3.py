@@ -63,7 +63,12 @@ class Stage3:
         self.read_ahead = PrefetchPlan(2 * self.prefetch.bucket) if nvme else None
         self.in_forward: set[int] = set()  # units whose module's forward is running
         self.in_backward: set[int] = set()  # units gathered for a backward whose gradients are not reduced yet
-        self.reducing: list[tuple[Unit, PendingShard, int]] = []  # reduce-scatters in flight, oldest first
+        self.reducing: list[tuple[Unit, PendingShard, int, torch.Tensor]] = []  # in flight, oldest first
+        # Flat gradient buffers whose reduction is done, reused by the next units of their size during this
+        # backward (dropped at its end): fresh buffers of a layer's experts cost a page fault per 4 KiB on the
+        # CPU, where no caching allocator keeps freed memory as CUDA's does.
+        self.spare_flats: list[torch.Tensor] = []
+        self.flat_allocations = 0  # flat gradient buffers allocated (not reused), for tests and reports
         self.units = units
         self.live = [0]  # elements of partitioned units gathered now, kept by the units themselves (Unit.tally)
         for unit in units:
@@ -237,7 +242,11 @@ class Stage3:
     def _grad_hook(self, position: int, index: int):
         mark = weakly(self.launcher.mark_ready)  # weak: see ordered.weakly
         def hook(param):
-            mark(position, index)
+            # No .grad: autograd ran the accumulation with nothing to add (a compiled backward handed the
+            # gradient to accept_gradient instead, which marked it). Marking again would leave the member
+            # ready for the next backward, whose first gradient would then launch every unit at once.
+            if param.grad is not None:
+                mark(position, index)
         return hook
 
     def release_gathered(self) -> None:
@@ -247,6 +256,7 @@ class Stage3:
 
     def _release_all(self) -> None:
         self._complete_reductions()
+        self.spare_flats.clear()  # backward ended: their memory goes back between steps
         for unit in self.units:
             unit.release()
         self.reuse.end_of_step()
@@ -262,7 +272,7 @@ class Stage3:
         and its result is added into the unit's shard (in the shard's dtype) when it completes: at the
         latest when the next but one unit is launched, or when backward ends. A unit over a process group of
         its own (experts over their expert-data group) is reduced over it and divided by its average_over."""
-        flat = self._flat_gradients(unit)
+        flat, buffer = self._flat_gradients(unit)
         unit.release()
         self.reuse.released(id(unit))
         self.in_backward.discard(id(unit))
@@ -272,12 +282,14 @@ class Stage3:
         then_divide = 1 if averaged else divisor  # experts: summed over their group, divided by the data-parallel size
         if world == 1:
             self._add(unit, flat, then_divide)
+            self._spare(buffer)
         elif self.routes is not None and unit.group is self.group:  # ZeRO++'s routes are the data group's
             out = torch.empty(unit.grad_shard.numel(), dtype=flat.dtype, device=flat.device)
             self._add(unit, self.routes.reduce_scatter(unit, out, flat, average=averaged), then_divide)
+            self._spare(buffer)
         else:
             self.reducing.append((unit, start_reduce_scatter(flat, unit.group, average=averaged,
-                                                             log_name="zero3_reduce_scatter"), then_divide))
+                                                             log_name="zero3_reduce_scatter"), then_divide, buffer))
             if len(self.reducing) > REDUCTIONS_IN_FLIGHT:
                 self._complete_oldest()
 
@@ -287,16 +299,17 @@ class Stage3:
             reduced.div_(divisor)
         unit.grad_shard.add_(reduced)
 
-    def _flat_gradients(self, unit: Unit) -> torch.Tensor:
+    def _flat_gradients(self, unit: Unit) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The unit's gradients in its flat layout and the wire dtype (padding and missing ones as zeros);
-        each parameter's .grad is dropped. A lone gradient that already has that layout is used as it is."""
+        each parameter's .grad is dropped. A lone gradient that already has that layout is used as it is.
+        Also returns the buffer to reuse once the reduction is done (None: the gradient itself, not ours)."""
         wire = self.wire_dtype or unit.dtype
         handed = [self.handed.pop(id(param), None) for param in unit.params]  # accept_gradient's
         grad = unit.params[0].grad if len(unit.params) == 1 and handed[0] is None else None
         if grad is not None and grad.dtype == wire and grad.is_contiguous() and grad.numel() == unit.layout.padded_numel:
             unit.params[0].grad = None
-            return grad.view(-1)  # the embedding's or the output layer's: no copy of the largest units
-        flat = torch.empty(unit.layout.padded_numel, dtype=wire, device=unit.grad_shard.device)
+            return grad.view(-1), None  # the embedding's or the output layer's: no copy of the largest units
+        flat = self._flat_buffer(unit.layout.padded_numel, wire, unit.grad_shard.device)
         filled = 0
         for param, slot, given in zip(unit.params, unit.layout.slots, handed):
             if param.grad is not None:
@@ -310,11 +323,29 @@ class Stage3:
                 flat[slot.offset:slot.end].zero_()
             filled = slot.end
         flat[filled:].zero_()  # the padding
-        return flat
+        return flat, flat
+
+    def _flat_buffer(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """A flat buffer for a unit's gradients: a spare one of that size if there is one (its old values are
+        all overwritten), else a new one."""
+        for index, spare in enumerate(self.spare_flats):
+            if spare.numel() == numel and spare.dtype == dtype and spare.device == device:
+                return self.spare_flats.pop(index)
+        self.spare_flats.clear()  # none fits: freed first, so a backward never holds more buffers than without reuse
+        self.flat_allocations += 1
+        return torch.empty(numel, dtype=dtype, device=device)
+
+    def _spare(self, flat: torch.Tensor | None) -> None:
+        """A flat gradient buffer nothing reads any more (its reduction completed) becomes a spare, while the
+        spares and the buffers in flight are no more than can be in flight at once (and a spare that fits no
+        next unit is freed before a new buffer is allocated), so reuse never holds more than a backward did."""
+        if flat is not None and len(self.spare_flats) + len(self.reducing) <= REDUCTIONS_IN_FLIGHT:
+            self.spare_flats.append(flat)
 
     def _complete_oldest(self) -> None:
-        unit, pending, divisor = self.reducing.pop(0)
+        unit, pending, divisor, buffer = self.reducing.pop(0)
         self._add(unit, pending.wait(), divisor)
+        self._spare(buffer)
 
     def _complete_reductions(self) -> None:
         while self.reducing:
@@ -326,6 +357,7 @@ class Stage3:
 
     def zero(self) -> None:
         self._complete_reductions()  # none is left after a backward; this keeps a late one out of the next step
+        self.spare_flats.clear()
         self.handed.clear()
         for unit in self.units:
             unit.grad_shard.zero_()

@@ -112,6 +112,9 @@ class Unit:
             param.ds_shape, param.ds_numel = slot.shape, slot.numel  # DeepSpeed's names, for user code
             if not hasattr(param, "ds_id"):  # kept when a stage-3 optimizer takes over dszero.Init's unit
                 param.ds_id = next_param_id()
+            if resident is not None:  # DeepSpeed's name for the piece this rank stores: a view of the home shard,
+                first, last = max(lo, slot.offset), min(hi, slot.end)  # its length where the unit's cut falls
+                param.ds_tensor = resident[first - lo:last - lo] if first < last else resident[:0]
         self.gathered = True
         self.pending: Any = None  # the handles of an asynchronous (prefetch) gather still in flight
         self.gather_count = 0  # all-gathers done, for tests and reports

@@ -121,3 +121,28 @@ def _contiguous(ranks: list[int], name, directory: Path) -> None:
         if expected not in ranks:
             raise CheckpointLoadError(f"{directory / name(expected)} is missing: the checkpoint has "
                                       f"{name(ranks[-1])} but not this one, so it is incomplete")
+
+
+def _natural_key(path: Path) -> list:
+    """Numbers in a name compare as numbers: zero_2_... before zero_12_..."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", path.name)]
+
+
+def _files_matching(checkpoint_dir: str | Path, pattern: str) -> list[str]:
+    directory = Path(checkpoint_dir)
+    if not directory.is_dir():
+        raise FileNotFoundError(f"{directory}: no such checkpoint directory")
+    found = sorted((p for p in directory.glob(pattern) if p.is_file() and not p.is_symlink()), key=_natural_key)
+    if not found:
+        raise FileNotFoundError(f"{directory}: no {pattern} files (is it one tag's folder of a DeepSpeed checkpoint?)")
+    return [str(p) for p in found]
+
+
+def get_optim_files(checkpoint_dir: str | Path) -> list[str]:
+    """DeepSpeed's optimizer-states files of a tag's folder, in rank order (DeepSpeed's zero_to_fp32 helper)."""
+    return _files_matching(checkpoint_dir, "*_optim_states.pt")
+
+
+def get_model_state_files(checkpoint_dir: str | Path) -> list[str]:
+    """DeepSpeed's model-states files of a tag's folder, in rank order."""
+    return _files_matching(checkpoint_dir, "*_model_states.pt")

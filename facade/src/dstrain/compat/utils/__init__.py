@@ -22,6 +22,11 @@ from dszero import (
     safe_get_local_optimizer_state,
     safe_set_full_fp32_param,
     safe_set_full_grad,
+    safe_set_full_optimizer_state,
+    safe_set_local_fp32_param,
+    safe_set_local_grad,
+    safe_set_local_optimizer_state,
+    safe_update_full_grad_vectorized,
     set_z3_leaf_modules,
     unset_z3_leaf_modules,
 )
@@ -50,5 +55,7 @@ def log_dist(message: str, ranks: Iterable[int] | None = None, level: int = logg
 __all__ = ["RepeatingLoader", "SynchronizedWallClockTimer", "get_z3_leaf_modules", "groups", "log_dist", "logger",
            "safe_get_full_fp32_param", "safe_get_full_grad", "safe_get_full_optimizer_state", "safe_get_local_fp32_param",
            "safe_get_local_grad", "safe_get_local_optimizer_state", "safe_set_full_fp32_param", "safe_set_full_grad",
+           "safe_set_full_optimizer_state", "safe_set_local_fp32_param", "safe_set_local_grad",
+           "safe_set_local_optimizer_state", "safe_update_full_grad_vectorized",
            "set_z3_leaf_module", "set_z3_leaf_modules", "set_z3_leaf_modules_by_name", "set_z3_leaf_modules_by_suffix",
            "unset_z3_leaf_modules", "z3_leaf_module", "z3_leaf_parameter"]

@@ -27,7 +27,7 @@ import dsaio
 import dszero
 
 from ...checkpoint.contents import MASTER
-from ...checkpoint.deepspeed.files import is_deepspeed_directory
+from ...checkpoint.deepspeed.files import get_model_state_files, get_optim_files, is_deepspeed_directory
 from ...checkpoint.deepspeed.reader import read_deepspeed
 from ...checkpoint.files import COMMON_FILE
 from ...checkpoint.module_weights import SHARED_PARAMS
@@ -183,4 +183,4 @@ if __name__ == "__main__":
 
 
 __all__ = ["convert_zero_checkpoint_to_fp32_state_dict", "get_fp32_state_dict_from_zero_checkpoint",
-           "load_state_dict_from_zero_checkpoint"]
+           "get_model_state_files", "get_optim_files", "load_state_dict_from_zero_checkpoint"]

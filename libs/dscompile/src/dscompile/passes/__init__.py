@@ -9,14 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from torch import fx
 
 from ..graphinfo import GraphInfo
 from .activations import free_activation, offload_activation
+from .long_context import LongContextPlan, long_context_checkpointing
 from .offload import offload_adam_states, offload_parameters, record_inputs
 from .prefetch import prefetch
-from .selective_gather import choose_kept_units, selective_gather
+from .selective_gather import choose_kept_units, keep_budget, selective_gather
 from .zero import add_gather_release, add_reduce, zero3_compile, zero12_compile
 
 PassFn = Callable[[fx.Graph, GraphInfo], fx.Graph]
@@ -33,6 +35,13 @@ class Pass:
     requires: frozenset[str] = frozenset()
     conflicts: frozenset[str] = frozenset()
     doc: str = ""
+    # A pass over AOT autograd's joint graph, run before the partition: (joint graph, min_seq_len, static input
+    # indices) -> plan. Its `fn` leaves the partitioned graphs as they are.
+    joint: Callable[..., Any] | None = None
+
+
+def _partitioned_already(graph: fx.Graph, info: GraphInfo) -> fx.Graph:
+    return graph  # a joint pass acted before the partition
 
 
 _OFFLOADS = frozenset({"offload_parameters", "offload_adam_states", "offload_activation"})
@@ -57,8 +66,11 @@ REGISTRY: dict[str, Pass] = {
     "offload_parameters": Pass(offload_parameters, frozenset({3}), requires=frozenset({GATHER_RELEASE}),
                                conflicts=_OFFLOADS - {"offload_parameters"},
                                doc="move parameter shards to host memory between their uses"),
+    "long_context_checkpointing": Pass(_partitioned_already, joint=long_context_checkpointing,
+                                       doc="recompute sequence-long activations in backward, keep attention"),
 }
 
-__all__ = ["GATHER_RELEASE", "REDUCE", "REGISTRY", "Pass", "PassFn", "add_gather_release", "add_reduce",
-           "choose_kept_units", "free_activation", "offload_activation", "offload_adam_states", "offload_parameters",
-           "prefetch", "record_inputs", "selective_gather", "zero3_compile", "zero12_compile"]
+__all__ = ["GATHER_RELEASE", "REDUCE", "REGISTRY", "LongContextPlan", "Pass", "PassFn", "add_gather_release",
+           "add_reduce", "choose_kept_units", "free_activation", "keep_budget", "long_context_checkpointing",
+           "offload_activation", "offload_adam_states", "offload_parameters", "prefetch", "record_inputs",
+           "selective_gather", "zero3_compile", "zero12_compile"]

@@ -4,7 +4,8 @@ Gathers are visited in graph order; each `gather` moves back from its `wait_gath
 would then run beside keeps to the budgets (`Budgets`): the bytes gathered ahead of use stay within
 `prefetch_bytes`, at most `gathers_ahead` gathers are in flight, gathered parameters stay within
 `live_bytes`, and, when given, the graph's memory stays within `peak_bytes` (the memory profile plus
-every gather moved so far). A gather never moves above its own inputs or another gather, so gathers keep
+every gather moved so far). Units selective gather keeps gathered count in both at every node: the graph
+holds them throughout, beside what it gathers. A gather never moves above its own inputs or another gather, so gathers keep
 their order: every rank issues the same collectives in the same order.
 """
 
@@ -23,6 +24,7 @@ def prefetch(graph: fx.Graph, info: GraphInfo) -> fx.Graph:
     if budgets.prefetch_bytes <= 0 or budgets.gathers_ahead <= 0:
         return graph
     memory = profile_memory(graph, info)
+    kept = sum(info.units[k].nbytes for k in info.kept_units if k in info.units)
     nodes = list(graph.nodes)
     order = positions(graph)
     first_compute = next((i for i, n in enumerate(nodes) if n.op != "placeholder"), len(nodes))
@@ -40,9 +42,9 @@ def prefetch(graph: fx.Graph, info: GraphInfo) -> fx.Graph:
         def fits(i: int, size: int = size) -> bool:
             if in_flight[i] + 1 > budgets.gathers_ahead or ahead[i] + size > budgets.prefetch_bytes:
                 return False
-            if memory.gathered[i] + extra[i] + size > budgets.live_bytes:
+            if kept + memory.gathered[i] + extra[i] + size > budgets.live_bytes:
                 return False
-            return budgets.peak_bytes is None or memory.peak[i] + extra[i] + size <= budgets.peak_bytes
+            return budgets.peak_bytes is None or kept + memory.peak[i] + extra[i] + size <= budgets.peak_bytes
 
         position = here
         while position - 1 >= floor and fits(position - 1):

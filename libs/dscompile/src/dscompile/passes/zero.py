@@ -17,7 +17,16 @@ import torch
 from torch import fx
 
 from .. import ops
-from ..graph import output_node, outputs, placeholders, positions, real_users, tensor_outputs_of, value_of
+from ..graph import (
+    example_empty,
+    output_node,
+    outputs,
+    placeholders,
+    positions,
+    real_users,
+    tensor_outputs_of,
+    value_of,
+)
 from ..graphinfo import BACKWARD, GraphInfo, ParamSlot
 
 _NOT_READS = ops.BOOKKEEPING
@@ -48,7 +57,7 @@ def add_gather_release(graph: fx.Graph, info: GraphInfo) -> fx.Graph:
         anchor = members[0][0]
         with graph.inserting_before(first):
             start = graph.call_function(ops.gather, (anchor, [], info.runtime, unit.key, unit.numel, unit.dtype))
-            start.meta["val"] = torch.empty(unit.numel, dtype=unit.dtype, device=_device(anchor))
+            start.meta["val"] = example_empty(anchor, unit.numel, unit.dtype)
             start.meta["dscompile_unit"] = unit.key
             wait = graph.call_function(ops.wait_gather, (start, info.runtime, unit.key))
             wait.meta["val"] = start.meta["val"]
@@ -96,8 +105,3 @@ def zero3_compile(graph: fx.Graph, info: GraphInfo) -> fx.Graph:
 
 def zero12_compile(graph: fx.Graph, info: GraphInfo) -> fx.Graph:
     return add_reduce(graph, info)
-
-
-def _device(node: fx.Node) -> torch.device:
-    value = value_of(node)
-    return value.device if isinstance(value, torch.Tensor) else torch.device("cpu")

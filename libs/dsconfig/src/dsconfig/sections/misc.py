@@ -52,7 +52,9 @@ class CheckpointConfig:
 @attrs.frozen
 class CompileConfig:
     deepcompile: bool = setting(False, "Enable DeepCompile: ZeRO's collectives scheduled by the compiler.")
-    passes: list[Literal["z1", "z3", "autosp", "autotp"]] = section(list, "Compiler passes to apply.")
+    passes: list[Literal["z1", "z3", "autosp", "autotp", "long_context_checkpointing"]] = section(
+        list, "Compiler passes to apply (long_context_checkpointing: recompute sequence-long activations, keep "
+              "attention; beside autosp or the ZeRO passes).")
     free_activation: bool = setting(False, "Free activations in backward right after their last use.")
     free_activation_threshold: int = setting(10 * 1024 * 1024, "Bytes from which free_activation frees one.",
                                              ge=0)

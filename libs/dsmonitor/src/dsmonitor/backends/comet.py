@@ -29,6 +29,12 @@ class CometMonitor:
 
     def __init__(self, config) -> None:
         check_comet_config(config)
+        self.enabled, self.samples_log_interval = config.enabled, config.samples_log_interval
+        self.experiment = None
+        self._interval = config.samples_log_interval
+        self._last_logged: dict[str, int] = {}
+        if not self.enabled:
+            return  # as DeepSpeed's: a disabled monitor starts no experiment (and needs no comet_ml)
         comet_ml = require("comet_ml", "comet", "The Comet monitor")
         experiment_config = None
         if config.experiment_name is not None:
@@ -39,10 +45,10 @@ class CometMonitor:
             experiment_key=config.experiment_key, mode=config.mode, online=config.online,
             experiment_config=experiment_config,
         )
-        self._interval = config.samples_log_interval
-        self._last_logged: dict[str, int] = {}
 
     def write_events(self, events: Sequence[Event]) -> None:
+        if self.experiment is None:
+            return
         last_logged = self._last_logged
         for name, value, step in events:
             last = last_logged.get(name)
@@ -51,7 +57,9 @@ class CometMonitor:
                 last_logged[name] = step
 
     def flush(self) -> None:
-        self.experiment.flush()
+        if self.experiment is not None:
+            self.experiment.flush()
 
     def close(self) -> None:
-        self.experiment.end()
+        if self.experiment is not None:
+            self.experiment.end()

@@ -15,6 +15,9 @@ class WandbMonitor:
     def __init__(self, config, *, run_name: str | None = None, dir: str | None = None) -> None:
         # the config's fields under DeepSpeed's monitor attribute names
         self.enabled, self.group, self.team, self.project = config.enabled, config.group, config.team, config.project
+        self.run = None
+        if not self.enabled:
+            return  # as DeepSpeed's: a disabled monitor opens no run (and needs no wandb, no API key)
         wandb = require("wandb", "wandb", "The W&B monitor")
         # wandb reads WANDB_DIR / WANDB_MODE once per process; passing them makes each monitor
         # follow the environment as it is when the monitor is built.
@@ -25,6 +28,8 @@ class WandbMonitor:
         )
 
     def write_events(self, events: Sequence[Event]) -> None:
+        if self.run is None:
+            return
         # One log call per step: W&B commits a history row when the step moves on, and rejects
         # a step lower than one it has already committed.
         row: dict[str, float] = {}
@@ -42,4 +47,5 @@ class WandbMonitor:
         pass  # wandb streams to its own service process; nothing is held here
 
     def close(self) -> None:
-        self.run.finish()
+        if self.run is not None:
+            self.run.finish()

@@ -32,6 +32,7 @@ from .p2p import Messenger
 from .sync import GradientSync
 
 REDUCE_OUTPUTS = ("avg", None)
+_LOSS_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)  # what a mean loss is returned as
 
 
 class PipelineRuntime:
@@ -123,24 +124,28 @@ class PipelineRuntime:
         return run
 
     def _mean_loss(self, run: BatchRun, micro_batches: int, bcast: bool) -> torch.Tensor | None:
-        """The mean of the micro-batches' losses, averaged over the replicas, on every rank (bcast)."""
+        """The mean of the micro-batches' losses, averaged over the replicas, on every rank (bcast), in the losses'
+        dtype as DeepSpeed returns it (summed in float64; the dtype travels with the value to the other stages)."""
         loss_rank = self.placement.last_stage_rank
-        value = torch.zeros((), dtype=torch.float64)
+        value = torch.zeros(2, dtype=torch.float64)  # [mean, index of its dtype in _LOSS_DTYPES]
         if self.pipe_rank == loss_rank:
             losses = [run.losses[m] for m in sorted(run.losses)]
             if not losses or not all(torch.is_tensor(t) and t.numel() == 1 for t in losses):
                 raise PipelineError("the last stage must produce a one-element loss per micro-batch to average "
                                     "(give PipelineModule a loss_fn, or eval_batch(reduce_output=None))")
-            value = torch.stack([t.reshape(()).to(torch.float64).cpu() for t in losses]).sum() / micro_batches
+            value[0] = torch.stack([t.reshape(()).to(torch.float64).cpu() for t in losses]).sum() / micro_batches
+            dtype = losses[0].dtype
+            value[1] = _LOSS_DTYPES.index(dtype) if dtype in _LOSS_DTYPES else _LOSS_DTYPES.index(torch.float32)
             if self.groups is not None and self.groups.size("data") > 1:
-                dscomm.all_reduce(value, group=self.groups.data, log_name="pipe_loss")
-                value /= self.groups.size("data")
+                mean = value[:1].clone()
+                dscomm.all_reduce(mean, group=self.groups.data, log_name="pipe_loss")
+                value[0] = mean[0] / self.groups.size("data")
         if bcast and self.groups is not None and self.groups.size("pipe") > 1:
             source = self.module.dims.ranks_of("pipe", self.module.global_rank)[loss_rank]
             dscomm.broadcast(value, source, group=self.groups.pipe, log_name="pipe_loss")
         elif self.pipe_rank != loss_rank:
             return None
-        return value
+        return value[0].to(_LOSS_DTYPES[int(value[1])])
 
     # ---------------------------------------------------------------------------------------- the rest
     def reset_activation_shape(self) -> None:

@@ -1,8 +1,11 @@
-"""`deepspeed.runtime.zero.offload_config`: the offload enums scripts compare config values against."""
+"""`deepspeed.runtime.zero.offload_config`: the offload enums scripts compare config values against, and the
+offload sections' classes (DeepSpeed defines them here; dstrain's live beside DeepSpeedZeroConfig)."""
 
 from __future__ import annotations
 
 from enum import StrEnum
+
+from .config import DeepSpeedZeroOffloadOptimizerConfig, DeepSpeedZeroOffloadParamConfig
 
 
 class OffloadDeviceEnum(StrEnum):
@@ -23,4 +26,6 @@ class OffloadStateTypeEnum(StrEnum):
     contiguous_grad_buffer = "contiguous_grad_buffer"
 
 
-__all__ = ["OffloadDeviceEnum", "OffloadStateTypeEnum"]
+
+__all__ = ["DeepSpeedZeroOffloadOptimizerConfig", "DeepSpeedZeroOffloadParamConfig", "OffloadDeviceEnum",
+           "OffloadStateTypeEnum"]
