@@ -18,7 +18,6 @@ import torch.distributed as dist
 
 import dscomm
 
-from .early_reduce import DDP_BUCKET_BYTES, EarlyShardReduction
 from .flat import FlatGroup
 from .layout import Slot
 from .ordered import InOrderLauncher, weakly
@@ -33,14 +32,10 @@ class FlatReducer:
     `.grad` is added into the buffer as soon as autograd has it and then dropped, as DeepSpeed's bf16
     optimizer does. The buffers are reduced only at the step (in `comm_dtype`, default their own
     dtype), so the gradient-sync controls have nothing to hold back here.
-
-    Stage 1 (`partition`) over one process group, without a cast on the wire: the reduction runs
-    during the last backward pass instead (early_reduce.py), with the same result; `bucket_numel`
-    sizes its buckets.
     """
 
     def __init__(self, groups: list[FlatGroup], partition: bool, average: bool, comm_dtype: torch.dtype | None = None,
-                 accum_dtype: torch.dtype | None = None, bucket_numel: int | None = None):
+                 accum_dtype: torch.dtype | None = None):
         self.groups = groups
         self.comm_dtype = comm_dtype
         self.partition = partition
@@ -61,23 +56,6 @@ class FlatReducer:
         # reduce-scatter's output must not alias its input: one shard-sized buffer per group.
         self.shard_outs = [torch.zeros(g.shard_numel, dtype=f.dtype, device=g.model_flat.device)
                            for g, f in zip(groups, self.grad_flats)] if partition else []
-        self.early = self._early_reduction(bucket_numel)
-
-    def _early_reduction(self, bucket_numel: int | None) -> EarlyShardReduction | None:
-        """Stage 1's reduction during backward, where its result is the same as at the step's: one plain
-        process group of several ranks, gradients accumulating in the model's dtype, no cast for the wire."""
-        if not self.partition or not self.groups or self.fold_into:
-            return None
-        first = self.groups[0]
-        if any(g.group is not first.group for g in self.groups) or dist.get_world_size(first.group) == 1:
-            return None
-        if any(f.dtype != first.dtype or f.device != first.model_flat.device for f in self.grad_flats):
-            return None
-        if self.comm_dtype not in (None, first.dtype):
-            return None
-        element = first.model_flat.element_size()
-        numel = min(bucket_numel or DDP_BUCKET_BYTES // element, DDP_BUCKET_BYTES // element)
-        return EarlyShardReduction(self.groups, self.grad_flats, self.shard_outs, max(numel, 1), self.average)
 
     def _fold(self, param: torch.nn.Parameter) -> None:
         self.fold_into[id(param)].add_(param.grad.reshape(-1))  # cast into the accumulation dtype
@@ -86,8 +64,6 @@ class FlatReducer:
     def accept_gradient(self, param: torch.nn.Parameter, grad: torch.Tensor) -> None:
         """A gradient a compiled backward hands over instead of returning it: accumulated as autograd
         would have (read now; its memory may be reused once this returns)."""
-        if self.early is not None:
-            self.early.spoil()
         fold = self.fold_into.get(id(param))
         if fold is not None:
             fold.add_(grad.reshape(-1))
@@ -97,16 +73,13 @@ class FlatReducer:
             param.grad.add_(grad)
 
     def set_sync(self, enabled: bool) -> None:
-        if self.early is not None:
-            self.early.set_sync(enabled)  # off: the coming backward passes launch nothing
+        pass  # nothing is communicated before the step anyway
 
     def finish_backward(self) -> None:
-        pass  # reductions launched during backward are waited for at the step (reduce)
+        pass
 
     def reduce(self) -> list[torch.Tensor]:
         """This rank's reduced gradient shard of each group (in its accumulation dtype)."""
-        if self.early is not None and self.early.take():
-            return self._divided(self.shard_outs)
         shards = []
         for group, flat in zip(self.groups, self.grad_flats):
             self._reattach(group, flat)
@@ -136,16 +109,6 @@ class FlatReducer:
             shards.append(result)
         return shards
 
-    def _divided(self, shards: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Shards reduced during backward: averaged inside the collective where it divides by the group,
-        otherwise divided here, as reduce() does."""
-        for group, shard in zip(self.groups, shards):
-            world = dist.get_world_size(group.group)
-            divisor = (group.average_over or world) if self.average else 1
-            if divisor != 1 and divisor != world:
-                shard.div_(divisor)
-        return shards
-
     def _reattach(self, group: FlatGroup, flat: torch.Tensor) -> None:
         # A user's zero_grad(set_to_none=True) or an optimizer may have replaced .grad: fold it back.
         folding = flat.dtype != group.dtype
@@ -163,8 +126,6 @@ class FlatReducer:
             param.grad = view
 
     def zero(self) -> None:
-        if self.early is not None:
-            self.early.reset()
         for group, flat in zip(self.groups, self.grad_flats):
             if flat.dtype != group.dtype:
                 for param in group.params:
@@ -197,14 +158,11 @@ class FlatReducer:
         return sum(f.numel() * f.element_size() for f in self.grad_flats)
 
     def comm_buffer_bytes(self) -> int:
-        staging = self.early.buffer_bytes() if self.early is not None else 0
-        return sum(o.numel() * o.element_size() for o in self.shard_outs) + staging
+        return sum(o.numel() * o.element_size() for o in self.shard_outs)
 
     def remove(self) -> None:
         for hook in self.hooks:
             hook.remove()
-        if self.early is not None:
-            self.early.remove()
 
 
 class _Bucket:

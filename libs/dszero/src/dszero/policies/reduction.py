@@ -1,9 +1,8 @@
 """How a stage's gradients reach the ranks that own them: which reducer it builds over its groups.
 
-- `ReduceAtStep`: gradients accumulate whole in a flat buffer and are reduced once per step;
-  all-reduced at the step when every rank keeps every master (stage 0), reduce-scattered when each
-  keeps a shard (stage 1), in buckets during the step's last backward pass where that gives the same
-  result (early_reduce.py). reducers.FlatReducer.
+- `ReduceAtStep`: gradients accumulate whole in a flat buffer and are reduced once, at the step;
+  all-reduced when every rank keeps every master (stage 0), reduce-scattered when each keeps a
+  shard (stage 1). reducers.FlatReducer.
 - `ReduceInBuckets`: reduced during backward in buckets of `reduce_bucket_size`, each piece to its
   owner (stage 2). reducers.BucketReducer.
 - `ReduceEachUnit`: each unit's gradient reduce-scattered as its backward ends, by the hooks that
@@ -36,7 +35,7 @@ class ReduceAtStep:
 
     def build(self, zero: ZeroOptimizer, groups: list[Any], average: bool) -> FlatReducer:
         return FlatReducer(groups, partition=self.scatter, average=average, comm_dtype=zero.communication_dtype,
-                           accum_dtype=zero.grad_accum_dtype, bucket_numel=zero.config.reduce_bucket_size)
+                           accum_dtype=zero.grad_accum_dtype)
 
 
 class ReduceInBuckets:
