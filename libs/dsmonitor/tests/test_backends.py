@@ -121,6 +121,22 @@ def test_csv_names_that_would_share_a_file_are_reported(tmp_path):
         assert "would share the file" in str(monitor._workers[0].last_error)
 
 
+def test_disabled_tensorboard_and_csv_monitors_create_nothing(tmp_path):
+    # As DeepSpeed's: built from a disabled section, neither creates its folder, a writer or a file.
+    tmp_path = tmp_path / "monitors"
+    tmp_path.mkdir()
+    tb = dsmonitor.TensorBoardMonitor(dsconfig.TensorBoardConfig(enabled=False, output_path=str(tmp_path),
+                                                                 job_name="tb"))
+    csv_monitor = dsmonitor.CSVMonitor(dsconfig.CSVMonitorConfig(enabled=False, output_path=str(tmp_path),
+                                                                 job_name="csv"))
+    for monitor in (tb, csv_monitor):
+        monitor.write_events([("loss", 1.0, 1)])
+        monitor.flush()
+        monitor.close()
+    assert (tb.enabled, tb.summary_writer, csv_monitor.enabled) == (False, None, False)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_disabled_wandb_and_comet_monitors_do_nothing(monkeypatch):
     # As DeepSpeed's: built from a disabled section, they open no run / experiment and need neither package.
     import sys

@@ -23,7 +23,8 @@ class CSVMonitor:
         self.log_dir = log_dir(config.output_path, config.job_name, subdir)
         # the config's fields under DeepSpeed's monitor attribute names
         self.enabled, self.output_path, self.job_name = config.enabled, config.output_path, config.job_name
-        os.makedirs(self.log_dir, exist_ok=True)
+        if self.enabled:  # as DeepSpeed's: a disabled monitor creates no folder and writes no file
+            os.makedirs(self.log_dir, exist_ok=True)
         self._files: dict[str, tuple[IO[str], Any]] = {}
         self._names_by_file: dict[str, str] = {}
 
@@ -45,6 +46,8 @@ class CSVMonitor:
         return self._files[event_name]
 
     def write_events(self, events: Sequence[Event]) -> None:
+        if not self.enabled:
+            return
         for name, value, step in events:
             entry = self._files.get(name) or self._writer(name)
             entry[1].writerow([step, repr(float(value))])  # repr: the float reads back bit-exact
