@@ -155,3 +155,25 @@ def test_muon_at_stage_3_with_nvme_offload_keeps_its_momentum_in_memory(tmp_path
     for params, swapped in run_ranks(nvme_rank, 2, str(tmp_path), timeout=180):
         assert_params_equal(params, on_one_rank[("muon", 0, "gram")][0], "stage 3 + NVMe")
         assert "momentum_buffer" not in swapped and {"exp_avg", "exp_avg_sq"} <= swapped  # the Adam half swaps
+
+
+def train_partially_frozen(rank, world, stage):
+    model = make_model().double()
+    select_muon_parameters(model)
+    frozen = {n: p.detach().clone() for n, p in model.named_parameters() if p.ndim >= 2}
+    for name, param in model.named_parameters():
+        param.requires_grad = name not in frozen  # every Muon matrix frozen: only the Adam half trains
+    optimizer = Muon(model.parameters(), lr=0.02, adam_lr=0.003)
+    zero = dszero.ZeroOptimizer(model, optimizer, ZeroConfig(stage=stage), precision="fp64")
+    train(model, zero, world, rank, steps=range(2))
+    params = full_params(model)
+    return [g["use_muon"] for g in optimizer.param_groups], {n: params[n] for n in frozen}, frozen
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_muon_with_every_matrix_frozen_trains_the_rest(stage):
+    # DeepSpeed's partial-training case (ops/muon/test_muon_partial_training.py): the empty Muon half is dropped.
+    for use_muon, after, before in run_ranks(train_partially_frozen, 2, stage):
+        assert use_muon == [False]
+        for name, value in before.items():
+            torch.testing.assert_close(after[name], value, rtol=0, atol=0, msg=name)

@@ -155,6 +155,9 @@ class Muon(torch.optim.Optimizer):
             members = [members] if isinstance(members, torch.Tensor) else list(members)
             extra = {k: v for k, v in group.items() if k not in ("params", "muon_lr", "adam_lr")}
             group_lr = group.get("lr", lr)
+            # Frozen parameters join neither half, as DeepSpeed's engine builds the groups: with every Muon
+            # matrix frozen (partial training) the Muon group would be empty, which ZeRO refuses.
+            members = [p for p in members if p.requires_grad]
             muon = [p for p in members if _uses_muon(p)]
             adam = [p for p in members if not _uses_muon(p)]
             if muon:
