@@ -11,6 +11,7 @@ from dsconfig import ConfigError, Problem
 
 from .engine.deepspeed_engine import DeepSpeedEngine
 from .errors import DstrainError
+from .logs import set_log_level
 from .wiring import dsseq as wiring_dsseq
 from .wiring.compose import compose
 from .wiring.config_source import load_config, pick_source
@@ -60,6 +61,8 @@ def initialize(args: Any = None, model: torch.nn.Module | None = None, optimizer
     cfg, raw = load_config(source, data_parallel_size(degrees, world), strict=strict_config)
     cfg = wiring_dsseq.with_sequence_settings(cfg, degrees.get("sequence_parallel_size", 1))
     check_features(cfg, raw)
+    if cfg.log_level is not None:  # before the engine's own lines, as DeepSpeed sets it
+        set_log_level(cfg.log_level)
     # The degrees read above (the config's, a PipelineModule's stages, an mpu's size) lay out the run.
     dims = parallel_dims(degrees, world, engine_runs_pipe=is_pipeline_module(model))
     wiring_dsseq.check_composition(cfg, model)

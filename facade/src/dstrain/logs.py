@@ -30,3 +30,24 @@ if not logger.handlers:
 def log_on_rank0(rank: int, message: str) -> None:
     if rank == 0:
         logger.info(message)
+
+
+LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR,
+              "critical": logging.CRITICAL}
+
+
+def log_level_from_string(name: str) -> int:
+    """"info" (any case) -> logging.INFO; anything else is refused, naming the levels."""
+    level = LOG_LEVELS.get(str(name).lower())
+    if level is None:
+        raise ValueError(f"log level {name!r} is not one of {', '.join(LOG_LEVELS)}")
+    return level
+
+
+def set_log_level(name: str, target: logging.Logger | None = None) -> None:
+    """The config's `log_level`: the dstrain logger (or `target`) and its handlers at that level."""
+    target = target or logger
+    level = log_level_from_string(name)
+    target.setLevel(level)
+    for handler in target.handlers:
+        handler.setLevel(level)

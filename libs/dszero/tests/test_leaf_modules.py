@@ -88,3 +88,40 @@ def test_marking_by_class_name_and_suffix_and_what_is_refused():
         set_z3_leaf_modules(model, [torch.nn.Conv2d])
     with pytest.raises(dszero.ZeroConfigError, match="module classes or class names"):
         set_z3_leaf_modules(model, [3])
+
+
+def leaf_from_config_trains_as_one_process(rank, world, leaf_module):
+    import dsconfig
+
+    model = Model()
+    reference = copy.deepcopy(model)
+    config = dsconfig.load({"train_batch_size": world, "zero_optimization": {"stage": 3, "leaf_module": leaf_module}})
+    zero = dszero.ZeroOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1), config.zero_optimization)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    zero.backward(model(_batch(rank), expert=rank))  # without the leaf, the ranks would wait on each other's gather
+    zero.step()
+    (sum(reference(_batch(r), expert=r) for r in range(world)) / world).backward()
+    ref_opt.step()
+    with dszero.GatheredParameters(list(model.parameters())):
+        trained = {name: p.detach().clone() for name, p in model.named_parameters()}
+    expected = dict(reference.named_parameters())
+    return get_z3_leaf_modules(model) == [model.block], max((trained[n] - expected[n]).abs().max().item()
+                                                             for n in trained)
+
+
+@pytest.mark.parametrize("leaf_module", [{"classes": "Routed"}, {"names": ["block"]}, {"name_suffixes": "ock"}])
+def test_zero_optimization_leaf_module_marks_the_config_s_modules(leaf_module):
+    for only_block, diff in run_ranks(leaf_from_config_trains_as_one_process, 2, leaf_module, timeout=90):
+        assert only_block and diff < 1e-6
+
+
+def test_a_leaf_module_name_that_matches_nothing_is_warned_about():
+    import dsconfig
+    from dszero.leaf_modules import apply_leaf_module_config
+
+    config = dsconfig.load({"train_batch_size": 1, "zero_optimization": {"leaf_module": {"names": ["blok"]}}})
+    with pytest.warns(UserWarning, match=r"leaf_module.names: \['blok'\] match no module of Model"):
+        assert apply_leaf_module_config(Model(), config.zero_optimization.leaf_module) == []
+    defaults = dsconfig.load({"train_batch_size": 1}).zero_optimization.leaf_module
+    assert "transformers.models.mixtral.modeling_mixtral.MixtralSparseMoeBlock" in defaults.classes
+    assert apply_leaf_module_config(Model(), defaults) == []  # Hugging Face's MoE blocks: absent here, no warning

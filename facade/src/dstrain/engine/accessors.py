@@ -110,6 +110,10 @@ class EngineAccessors:
     def steps_per_print(self) -> int:
         return self._config.steps_per_print
 
+    def log_level(self) -> str | None:
+        """The config's `log_level` as written (None: unset, the logger's level left as it was)."""
+        return self._config.log_level
+
     @property
     def loss_scale(self) -> float:
         return self.optimizer.loss_scale if self.optimizer is not None else 1.0

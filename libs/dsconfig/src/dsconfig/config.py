@@ -78,6 +78,8 @@ class DeepSpeedConfig:
     steps_per_print: int = setting(10, "Print a progress report every N steps.", ge=1)
     wall_clock_breakdown: bool = setting(False, "Time forward, backward and step.")
     dump_state: bool = setting(False, "Print the engine's state after initialisation.")
+    log_level: str | None = setting(
+        None, "Level of the engine's log (debug, info, warning, error or critical, any case); unset leaves it as is.")
     dataloader_drop_last: bool = setting(False, "Drop the last incomplete batch of the engine's data loader.")
 
     autotuning: AutotuningConfig = section(AutotuningConfig, "The autotuner.")

@@ -26,6 +26,9 @@ class Finding:
     neutralize: Callable[[DeepSpeedConfig], DeepSpeedConfig] | None = None
 
 
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")  # DeepSpeed's, by name
+
+
 def _error(path: str, message: str, value=None) -> Finding:
     return Finding(Problem(path, message, value) if value is not None else Problem(path, message))
 
@@ -219,6 +222,8 @@ def profiling_rules(cfg: DeepSpeedConfig) -> Iterator[Finding]:
 
 
 def monitor_rules(cfg: DeepSpeedConfig) -> Iterator[Finding]:
+    if cfg.log_level is not None and cfg.log_level.lower() not in LOG_LEVELS:
+        yield _error("log_level", f"must be one of {', '.join(LOG_LEVELS)} (any case)", cfg.log_level)
     comet = cfg.comet
     key = comet.experiment_key
     if key is not None and not (key.isalnum() and 32 <= len(key) <= 50):

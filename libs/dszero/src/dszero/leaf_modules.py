@@ -9,7 +9,9 @@ for DeepSpeed is marked for dszero and the other way round.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 
@@ -104,3 +106,20 @@ def set_z3_leaf_modules_by_suffix(model: torch.nn.Module, module_name_suffixes: 
     """Marks every module whose name ends with one of the suffixes; returns them and the suffixes not found."""
     return _mark_by_names(model, module_name_suffixes, flag, raise_if_not_found,
                           lambda name, wanted: name.endswith(wanted))
+
+
+def apply_leaf_module_config(model: torch.nn.Module, leaf_config: Any) -> list[torch.nn.Module]:
+    """`zero_optimization.leaf_module` (dsconfig's LeafModuleConfig, or None): marks the modules of its classes,
+    names and name suffixes as leaves and returns them. A class the model lacks is expected (the defaults name
+    Hugging Face's MoE blocks); a name or suffix that matches nothing is likely a slip, and is warned about."""
+    if leaf_config is None:
+        return []
+    marked = {id(m): m for m in set_z3_leaf_modules(model, leaf_config.classes, raise_if_not_found=False)}
+    for how, setter in (("names", set_z3_leaf_modules_by_name), ("name_suffixes", set_z3_leaf_modules_by_suffix)):
+        found, missing = setter(model, getattr(leaf_config, how), raise_if_not_found=False)
+        marked.update((id(m), m) for m in found)
+        if missing:
+            warnings.warn(f"zero_optimization.leaf_module.{how}: {missing} match no module of "
+                          f"{type(model).__name__} (its module names: {', '.join(list(dict(model.named_modules()))[1:6])}"
+                          f", ...)", stacklevel=2)
+    return list(marked.values())

@@ -23,6 +23,7 @@ from dsconfig import ZeroConfig, resolve_auto
 
 from . import fragments
 from .errors import UnusedParametersError, ZeroConfigError, ZeroError
+from .leaf_modules import apply_leaf_module_config
 from .offload.optimizer_swap import SwappedStep
 from .ops.cpu_adam import CPUAdam
 from .policies import for_stage
@@ -86,6 +87,7 @@ class ZeroOptimizer:
         self.grad_accum_dtype = grad_accum_dtype
         self.module = module
         self.optimizer = optimizer
+        apply_leaf_module_config(module, getattr(self.config, "leaf_module", None))  # before stage 3 hooks modules
         self._check_supported()
         self.offload = self.config.optimizer_offload_device in ("cpu", "nvme")
         self.aio = dict(aio) if aio else None

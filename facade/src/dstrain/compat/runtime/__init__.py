@@ -6,7 +6,7 @@ They are attributes too (loaded on first use), as in DeepSpeed: `deepspeed.runti
 from ..lazy import submodule_attributes
 
 __getattr__ = submodule_attributes(__name__, {
-    "config": ".config", "dataloader": ".dataloader", "lr_schedules": ".lr_schedules", "utils": ".utils",
+    "config": ".config", "constants": ".constants", "dataloader": ".dataloader", "lr_schedules": ".lr_schedules", "utils": ".utils",
     "zero": ".zero", "domino": ".domino", "engine": "dstrain.engine", "fp16": ".fp16",
     "bf16_optimizer": ".bf16_optimizer", "precision_config": ".precision_config",
     # deepspeed.runtime.activation_checkpointing is served by this package: its `checkpointing` submodule

@@ -39,6 +39,11 @@ def get_gradient_clipping(param_dict: dict) -> float:
     return float(dsconfig.load({"gradient_clipping": param_dict.get("gradient_clipping", 0.0)}).gradient_clipping)
 
 
+def get_log_level(param_dict: dict) -> str | None:
+    """The config dict's `log_level` as written (None: unset), checked as dsconfig checks it."""
+    return dsconfig.load({"log_level": param_dict.get("log_level")}).log_level
+
+
 def _data_parallel_size(mpu: Any) -> int:
     import dscomm
 
@@ -138,4 +143,5 @@ __all__ = [
     "DeepSpeedConfig",
     "DeepSpeedConfigError",
     "get_gradient_clipping",
+    "get_log_level",
 ]

@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-import logging
+import logging as _logging  # `logging` is this package's submodule (deepspeed.utils.logging)
 from collections.abc import Iterable
 
 from dscomm import groups
@@ -42,7 +42,7 @@ from ...engine.dataloader import RepeatingLoader
 from ...logs import logger
 
 
-def log_dist(message: str, ranks: Iterable[int] | None = None, level: int = logging.INFO) -> None:
+def log_dist(message: str, ranks: Iterable[int] | None = None, level: int = _logging.INFO) -> None:
     """Log `message` on the given ranks (None or [-1]: every rank), prefixed with the rank, as DeepSpeed does."""
     import dscomm
 

@@ -39,7 +39,7 @@ from .parallel import (
     TPPartitionConfig,
 )
 from .precision import BF16Config, DataTypesConfig, FP16Config, TorchAutocastConfig
-from .zero import OffloadOptimizerConfig, OffloadParamConfig, ZeroConfig
+from .zero import LeafModuleConfig, OffloadOptimizerConfig, OffloadParamConfig, ZeroConfig
 
 __all__ = [
     "ActivationCheckpointingConfig",
@@ -63,6 +63,7 @@ __all__ = [
     "FP16Config",
     "FlopsProfilerConfig",
     "HybridEngineConfig",
+    "LeafModuleConfig",
     "LegacyCurriculumConfig",
     "OffloadOptimizerConfig",
     "OffloadParamConfig",

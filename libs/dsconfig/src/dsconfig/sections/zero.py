@@ -1,10 +1,10 @@
 """ZeRO (the `zero_optimization` section) and its CPU/NVMe offload sub-sections."""
 
-from typing import Literal
+from typing import Any, Literal
 
 import attrs
 
-from ..fields import Auto, setting
+from ..fields import Auto, FieldInfo, section, setting
 
 OffloadDevice = Literal["cpu", "nvme", "none"]
 
@@ -37,6 +37,34 @@ class OffloadOptimizerConfig:
     @property
     def active(self) -> bool:
         return self.device != "none"
+
+
+# DeepSpeed's defaults: the Hugging Face MoE blocks whose experts a token may skip, so that stage 3 gathers the block
+# whole at its forward instead of hooking each expert (a rank skipping an expert would wait on the others' gather).
+DEFAULT_LEAF_MODULE_CLASSES = (
+    "transformers.models.mixtral.modeling_mixtral.MixtralSparseMoeBlock",
+    "transformers.models.qwen2_moe.modeling_qwen2_moe.Qwen2MoeSparseMoeBlock",
+    "transformers.models.qwen3_moe.modeling_qwen3_moe.Qwen3MoeSparseMoeBlock",
+)
+
+
+def _names(value: list[str] | str) -> list[str]:
+    """One name may be written as a string (DeepSpeed accepts it); repeats are dropped, order kept."""
+    return list(dict.fromkeys([value] if isinstance(value, str) else value))
+
+
+def _name_list(default: tuple[str, ...], doc: str) -> Any:
+    return attrs.field(factory=lambda: list(default), converter=_names, metadata={"dsconfig": FieldInfo(doc)})
+
+
+@attrs.frozen
+class LeafModuleConfig:
+    """Modules stage 3 gathers whole at their forward (dszero's z3 leaf modules), chosen by the config."""
+
+    classes: list[str] | str = _name_list(
+        DEFAULT_LEAF_MODULE_CLASSES, "Module classes (qualified names, or bare class names) that are leaves.")
+    names: list[str] | str = _name_list((), "Module names (as named_modules() gives them) that are leaves.")
+    name_suffixes: list[str] | str = _name_list((), "Modules whose name ends with one of these are leaves.")
 
 
 @attrs.frozen
@@ -73,6 +101,7 @@ class ZeroConfig:
     log_trace_cache_warnings: bool = setting(False, "Log parameter trace-cache warnings of stage 3.")
     save_muon_momentum_buffer_in_memory: bool = setting(
         False, "Keep the Muon momentum buffer in memory under stage-3 NVMe offload.")
+    leaf_module: LeafModuleConfig = section(LeafModuleConfig, "Modules gathered whole at their forward under stage 3.")
 
     @property
     def param_offload_device(self) -> str:
