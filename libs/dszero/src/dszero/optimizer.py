@@ -221,6 +221,16 @@ class ZeroOptimizer:
     def fp32_groups_flat(self) -> list[torch.Tensor]:  # FP16_Optimizer / BF16_Optimizer (stage 0)
         return self.master_partitions
 
+    # DeepSpeed's names for stage 3's module hooks (its parameter_offload's handle lists; [] below stage 3 and while
+    # a compiler or unwrap_model_for_generation has them off).
+    @property
+    def forward_hooks(self) -> list[Any]:
+        return [h for i, h in enumerate(getattr(self.reducer, "module_hook_handles", ())) if i % 3 != 2]
+
+    @property
+    def backward_hooks(self) -> list[Any]:
+        return list(getattr(self.reducer, "module_hook_handles", ()))[2::3]
+
     def empty_partition_cache(self) -> None:
         """Stage 3: release the parameters left gathered (DeepSpeed's engine.empty_partition_cache); a no-op
         below stage 3, where parameters are never partitioned."""

@@ -118,7 +118,7 @@ class Stage3:
         """Gather and release from module hooks again (eager ZeRO-3; the default)."""
         if self.module_hook_handles:
             return
-        for submodule in self.hooked_modules:
+        for submodule in self.hooked_modules:  # three per module, in this order (ZeroOptimizer.forward_hooks)
             self.module_hook_handles += [submodule.register_forward_pre_hook(self._before_forward),
                                          submodule.register_forward_hook(self._after_forward),
                                          submodule.register_full_backward_pre_hook(self._before_backward)]
