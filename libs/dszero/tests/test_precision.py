@@ -43,11 +43,13 @@ def overflow_then_train(rank, world, stage):
     zero = dszero.ZeroOptimizer(model, opt, ZeroConfig(stage=stage, reduce_bucket_size=3000),
                                 precision=dszero.Precision("fp16", initial_scale_power=8, hysteresis=1))
     before = {k: v.clone() for k, v in model.state_dict().items()}
+    assert zero.overflow is False  # DeepSpeed's attribute: no step yet, no overflow
     tokens = next(batches(1, 1, world, rank))[0]
     # A gradient of inf: every rank must skip the same step.
     out = model(tokens[:, :-1]).float().sum() * (float("inf") if rank == 0 else 1.0)
     zero.backward(out)
     taken = zero.step()
+    assert zero.overflow is True  # the skipped step's overflow, as DeepSpeed-Chat's get_overflow reads it
     zero.zero_grad()
     unchanged = all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
     scale_after = zero.loss_scale
@@ -58,6 +60,7 @@ def overflow_then_train(rank, world, stage):
                                                  tokens[:, 1:].reshape(-1))
         zero.backward(loss)
         assert zero.step()
+        assert zero.overflow is False
         zero.zero_grad()
         losses.append(loss.item())
     return taken, unchanged, scale_after, math.isinf(zero.get_global_grad_norm() or 0), losses, zero.skipped_steps

@@ -55,6 +55,29 @@ def test_gathered_parameters_reads_and_writes_across_ranks():
     assert released0 == 0
 
 
+def kept_after_gathering(rank, world):
+    model, zero = make(rank, world)
+    kept = {}
+    for name, param in model.named_parameters():  # DeepSpeed-Chat's save_zero_three_model, on the CPU
+        with dszero.GatheredParameters([param]):
+            kept[name] = param.data.cpu()  # no copy on a CPU: the gathered tensor itself
+    with dszero.GatheredParameters(list(model.parameters())):
+        whole = {name: param.detach().clone() for name, param in model.named_parameters()}
+    tokens = next(batches(1, 1, world, rank))[0]
+    zero.backward(loss_of(model, tokens))  # the hooks gather and release as before
+    zero.step()
+    with dszero.GatheredParameters(list(model.parameters())):
+        stepped = {name: param.detach().clone() for name, param in model.named_parameters()}
+    return ({name: torch.equal(kept[name], whole[name]) for name in whole},
+            any(not torch.equal(stepped[name], whole[name]) for name in whole))
+
+
+def test_tensors_taken_inside_gathered_parameters_keep_the_weights_after_it():
+    for same, trained in run_ranks(kept_after_gathering, 2, timeout=60):
+        assert all(same.values()), [name for name, ok in same.items() if not ok]
+        assert trained  # the units still gather, step and release after their buffers went to readers
+
+
 def persistent_small_units(rank, world):
     _model, zero = make(rank, world, threshold=10_000)
     return sorted((unit.persistent, unit.names[0]) for unit in zero.groups)

@@ -119,6 +119,9 @@ class ZeroOptimizer:
                                       f"prescale_gradients off")
         self.global_grad_norm: float | None = None
         self.skipped_steps = 0
+        # Whether the last step was skipped for an fp16 overflow: DeepSpeed's optimizers (FP16_Optimizer, ZeRO
+        # stages 1-3) keep it as `overflow`, which RLHF loops read (DeepSpeed-Chat's get_overflow).
+        self.overflow = False
         # What this rank holds (flat groups or stage-3 units), and the reducer that brings their gradients.
         self.groups = self.policies.partition.build(self, module, optimizer, self._group_settings)
         self.reducer = self.policies.reduction.build(self, self.groups, gradient_average)
@@ -319,6 +322,7 @@ class ZeroOptimizer:
                 grad.div_(unscale)
         stats = self._norm_and_overflow(grads)
         overflow = stats[1].item() > 0
+        self.overflow = overflow
         if overflow:
             self.scaler.update(True)
             self.skipped_steps += 1

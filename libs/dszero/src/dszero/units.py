@@ -147,8 +147,11 @@ class Unit:
         return self.gathered and self.pending is None
 
     def _start(self, async_op: bool, compute: bool = False) -> None:
-        storage = self.model_flat.untyped_storage()
-        storage.resize_(self.layout.padded_numel * self.model_flat.element_size())
+        if self.model_flat.numel() != self.layout.padded_numel:  # the last buffer went to its readers (release)
+            self.model_flat = torch.empty(self.layout.padded_numel, dtype=self.dtype, device=self.model_flat.device)
+        else:
+            storage = self.model_flat.untyped_storage()
+            storage.resize_(self.layout.padded_numel * self.model_flat.element_size())
         self.gather_count += 1
         if compute and self.routes is not None:
             self.pending = self.routes.gather(self, async_op=async_op)
@@ -192,16 +195,24 @@ class Unit:
         else:
             self.release()
 
-    def release(self) -> None:
+    def release(self, leave_to_readers: bool = False) -> None:
+        """Partition the parameters again. leave_to_readers: a tensor taken from a gathered parameter keeps the
+        whole weights (GatheredParameters' exit, as DeepSpeed's release swaps param.data and leaves the old
+        memory to whoever holds it: `w = p.data` kept after the block, or `p.data.cpu()`, which on a CPU is
+        no copy); the buffer goes to those readers, freed with the last of them, and the next gather takes a
+        new one. Otherwise (the forward/backward hooks) the buffer's memory is freed in place and the next
+        gather refills the same storage, which autograd's saved views of the weights rely on."""
         if self.pending is not None:
             self._finish()  # the collective writes into the buffer until then
         if self.persistent or not self.gathered or self.held:
             return
-        # Parameters become empty tensors (reading one is an error, never a read of freed memory),
-        # and the buffer's memory goes back to the allocator.
+        # Parameters become empty tensors (reading one is an error, never a read of freed memory).
         for param in self.params:
             param.data = self.empty
-        self.model_flat.untyped_storage().resize_(0)
+        if leave_to_readers:
+            self.model_flat = torch.empty(0, dtype=self.dtype, device=self.model_flat.device)
+        else:
+            self.model_flat.untyped_storage().resize_(0)
         self.gathered = False
 
     def update_from_full(self) -> None:
@@ -371,4 +382,4 @@ class GatheredParameters:
                     dscomm.broadcast(unit.model_flat, src, group=unit.group, log_name="zero3_modified_params")
                 unit.update_from_full()
             if not was:
-                unit.release()
+                unit.release(leave_to_readers=True)
