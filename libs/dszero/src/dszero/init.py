@@ -177,7 +177,7 @@ def _refuse_partitioned_call(module: torch.nn.Module, args: Any) -> None:
     before that would fail deep inside with an empty tensor's shape. Say what happened instead."""
     for name, param in module.named_parameters(recurse=False):
         unit = getattr(param, "_dszero_unit", None)
-        if unit is not None and unit.partition_only and not unit.resident:
+        if unit is not None and unit.partition_only and not unit.resident and not unit.scheduled:
             raise ZeroError(f"{type(module).__name__} was built inside dszero.Init (zero.Init), so its parameter "
                             f"{name!r} is partitioned across the ranks; call the model through the engine that "
                             f"initialize() returns (ZeRO stage 3), or inside dszero.GatheredParameters")

@@ -10,10 +10,17 @@ After the first step the next units are gathered asynchronously while the curren
 (`stage3_prefetch_bucket_size`, see prefetch.py). `stage3_max_live_parameters` bounds every gathered
 partitioned unit, prefetched, kept for reuse or gathered on demand: prefetching stops at it, and an
 on-demand gather first releases units gathered ahead of their use to stay under it.
+
+Parameters dszero.Init partitioned that the optimizer does not train (frozen: LoRA's base weights) keep
+Init's units and are gathered and released by the same hooks, for forward and for backward (upstream
+layers' backward reads them), but have no gradient to reduce: each is released once its module's
+backward has computed the gradients of the module's inputs (a full backward hook), not at the end of
+backward, so a LoRA model's frozen weights are never all gathered at once.
 """
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Any
 
@@ -25,7 +32,7 @@ from .layout import Slot
 from .ordered import InOrderLauncher, weakly
 from .prefetch import ABSENT, BUSY, KEPT, PrefetchPlan
 from .reuse import ReusePolicy
-from .units import Unit, modules_reading
+from .units import Unit, modules_reading, untrained_units
 from .wire import PendingShard, start_reduce_scatter, whole_slot
 
 # The embedding's input (token ids) never requires grad, so torch notes that its backward pre-hook
@@ -70,13 +77,18 @@ class Stage3:
         self.spare_flats: list[torch.Tensor] = []
         self.flat_allocations = 0  # flat gradient buffers allocated (not reused), for tests and reports
         self.units = units
+        # dszero.Init's units the optimizer does not train: gathered and released by the hooks, never reduced.
+        self.frozen = untrained_units(module)
         self.live = [0]  # elements of partitioned units gathered now, kept by the units themselves (Unit.tally)
-        for unit in units:
-            if grad_dtype not in (None, unit.dtype):
+        for unit in units + self.frozen:
+            if grad_dtype not in (None, unit.dtype) and not unit.partition_only:
                 unit.grad_shard = unit.grad_shard.to(grad_dtype)
             unit.tally = self.live  # from here on its gathers and releases are counted
+            unit.scheduled = True
             self.live[0] += unit.layout.padded_numel if unit.gathered and not unit.persistent else 0
         self.unit_of_param = {id(p): unit for unit in units for p in unit.params}
+        hooked_unit_of = {**{id(p): unit for unit in self.frozen for p in unit.params}, **self.unit_of_param}
+        self.backward_pending: dict[int, int] = {}  # frozen unit -> backwards of its modules begun and not done
         self.units_of_module: dict[int, list[Unit]] = {}
         self.hooked_modules: list[torch.nn.Module] = []  # the modules whose hooks gather their units
         self.module_hook_handles: list[Any] = []
@@ -84,12 +96,10 @@ class Stage3:
         module_position: dict[int, int] = {}
         for position, (submodule, params) in enumerate(modules_reading(module)):
             module_position[id(submodule)] = position
-            used = {id(self.unit_of_param[id(p)]): self.unit_of_param[id(p)]
-                    for p in params if id(p) in self.unit_of_param}
+            used = {id(hooked_unit_of[id(p)]): hooked_unit_of[id(p)] for p in params if id(p) in hooked_unit_of}
             if used:
                 self.units_of_module[id(submodule)] = list(used.values())
                 self.hooked_modules.append(submodule)
-        self.restore_module_hooks()
         # Gradients arrive last layer first: units are reduced (and released) in reverse module order. Not in
         # reverse optimizer order: with several groups (AutoEP's experts, weight-decay groups) that order puts
         # every unit of one group before all of the next, and a unit waiting for the first layer's unit of an
@@ -97,7 +107,17 @@ class Stage3:
         ranked = sorted(enumerate(units), key=lambda item: (module_position.get(id(item[1].module), len(module_position)),
                                                             item[0]))
         self.order = [unit for _, unit in reversed(ranked)]
-        self.unit_by_key = {id(u): u for u in self.units}
+        self.unit_by_key = {id(u): u for u in self.units + self.frozen}
+        frozen_keys = {id(u) for u in self.frozen}
+        self.frozen_modules = [m for m in self.hooked_modules
+                               if any(id(u) in frozen_keys for u in self.units_of_module[id(m)])]
+        self.frozen_hook_handles: list[Any] = []  # their full backward hooks (kept apart: three per module above)
+        self.restore_module_hooks()
+        names = {id(p): n for n, p in module.named_parameters()}
+        self.frozen_params = [(names.get(id(p), "?"), p) for unit in self.frozen for p in unit.params]
+        for name, param in self.frozen_params:
+            if param.requires_grad:  # given to no optimizer, so nothing would apply its gradient
+                param.register_post_accumulate_grad_hook(functools.partial(_untrained_gradient, name))
         self.launcher = InOrderLauncher([len(u.params) for u in self.order], lambda i: self._reduce(self.order[i]),
                                         self._release_all)
         self.position_of: dict[int, tuple[int, int]] = {}  # id(param) -> (position in self.order, index in unit)
@@ -110,9 +130,10 @@ class Stage3:
     def remove_module_hooks(self) -> None:
         """Stop gathering and releasing from module hooks (a compiled graph does it, and torch.compile breaks
         its graph at every module with a backward hook); gradients are still reduced from their hooks."""
-        for handle in self.module_hook_handles:
+        for handle in self.module_hook_handles + self.frozen_hook_handles:
             handle.remove()
         self.module_hook_handles = []
+        self.frozen_hook_handles = []
 
     def restore_module_hooks(self) -> None:
         """Gather and release from module hooks again (eager ZeRO-3; the default)."""
@@ -122,6 +143,8 @@ class Stage3:
             self.module_hook_handles += [submodule.register_forward_pre_hook(self._before_forward),
                                          submodule.register_forward_hook(self._after_forward),
                                          submodule.register_full_backward_pre_hook(self._before_backward)]
+        self.frozen_hook_handles = [submodule.register_full_backward_hook(self._after_backward)
+                                    for submodule in self.frozen_modules]
 
     def accept_gradient(self, param: torch.nn.Parameter, grad: torch.Tensor) -> None:
         """A gradient computed outside autograd's accumulation (a compiled backward that hands each one over
@@ -238,6 +261,27 @@ class Stage3:
                             "without gradients); leave the block before training")
         self._need(module, False)
         self.in_backward.update(id(u) for u in self.units_of_module[id(module)])
+        for unit in self.units_of_module[id(module)]:
+            if unit.partition_only:
+                self.backward_pending[id(unit)] = self.backward_pending.get(id(unit), 0) + 1
+
+    def _after_backward(self, module, grad_input, grad_output):
+        """The module's backward computed its inputs' gradients: its frozen units are read no more (they have no
+        gradient of their own). torch also calls this before that backward when no positional input requires
+        grad (grad_input all None); the units then stay gathered until backward ends."""
+        if self._held(module) or all(g is None for g in grad_input):
+            return
+        for unit in self.units_of_module[id(module)]:
+            key = id(unit)
+            if not unit.partition_only or key not in self.backward_pending:
+                continue
+            self.backward_pending[key] -= 1
+            if self.backward_pending[key] > 0:
+                continue  # another call of the module (a shared one) still has its backward to run
+            del self.backward_pending[key]
+            unit.release()
+            self.reuse.released(key)
+            self.in_backward.discard(key)
 
     def _grad_hook(self, position: int, index: int):
         mark = weakly(self.launcher.mark_ready)  # weak: see ordered.weakly
@@ -257,8 +301,13 @@ class Stage3:
     def _release_all(self) -> None:
         self._complete_reductions()
         self.spare_flats.clear()  # backward ended: their memory goes back between steps
-        for unit in self.units:
+        for unit in self.units + self.frozen:
             unit.release()
+        self.backward_pending.clear()
+        for name, param in self.frozen_params:
+            if param.grad is not None:  # made trainable after the engine was built
+                param.grad = None
+                _untrained_gradient(name, param)
         self.reuse.end_of_step()
         self.prefetch.end_of_step()
         if self.read_ahead is not None:
@@ -399,4 +448,10 @@ class Stage3:
 
     def comm_buffer_bytes(self) -> int:
         held = self.routes.buffer_bytes() if self.routes is not None else 0  # ZeRO++'s secondary copies
-        return held + sum(u.gathered_bytes() for u in self.units)
+        return held + sum(u.gathered_bytes() for u in self.units + self.frozen)
+
+
+def _untrained_gradient(name: str, param: torch.nn.Parameter) -> None:
+    raise ZeroError(f"{name} was partitioned by dszero.Init and is not trained by the ZeRO stage-3 optimizer (it was "
+                    f"frozen, or not given to the optimizer, when the engine was built), but it received a gradient; "
+                    f"give the optimizer every parameter to train before initialize(), or set requires_grad=False")

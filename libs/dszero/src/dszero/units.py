@@ -16,7 +16,6 @@ import torch.distributed as dist
 
 import dscomm
 
-from .errors import ZeroError
 from .layout import GroupLayout
 from .leaf_modules import z3_leaf_module
 from .offload.param_homes import DeviceHome
@@ -47,6 +46,7 @@ class Unit:
     tally: list[int] | None = None  # Stage3's running count of gathered partitioned elements (max_live_parameters)
     _gathered = False
     held = False  # HeldParameters (held.py): gathered for a whole block of forwards; the hooks leave it alone
+    scheduled = False  # a stage-3 schedule (stage3.py) gathers it before its modules' forward
 
     @property
     def gathered(self) -> bool:
@@ -310,7 +310,8 @@ def partition_units(module: torch.nn.Module, optimizer: torch.optim.Optimizer, g
     module and optimizer group, in module order (every rank builds the same units in the same order:
     each broadcasts rank 0's weights). Units under `persistence_threshold` elements stay gathered. The
     optimizer's groups are rebound to the units' master shards; the units are returned in that order,
-    which is how the optimizer's state_dict numbers them.
+    which is how the optimizer's state_dict numbers them. Parameters dszero.Init partitioned that the
+    optimizer does not train (frozen ones: LoRA's base weights) keep Init's units (`untrained_units`).
 
     group_settings: per optimizer group, the process group its units are partitioned over ("group",
     default `group`) and what their summed gradients are divided by ("average_over", default that
@@ -333,15 +334,21 @@ def partition_units(module: torch.nn.Module, optimizer: torch.optim.Optimizer, g
             per_group[index].append(unit)
             for p in params:
                 unit_of_param[id(p)] = unit
-    left_out = [n for n, p in module.named_parameters()
-                if getattr(getattr(p, "_dszero_unit", None), "partition_only", False)]
-    if left_out:
-        raise ZeroError(f"{len(left_out)} parameter(s) partitioned by dszero.Init are not trainable parameters "
-                        f"of the optimizer (first: {left_out[0]}); give the optimizer every parameter built "
-                        f"inside dszero.Init, or build the untrained ones outside it")
     for index, units in enumerate(per_group):
         optimizer.param_groups[index]["params"] = [u.master_param for u in units]
     return [unit for units in per_group for unit in units]
+
+
+def untrained_units(module: torch.nn.Module) -> list[Unit]:
+    """dszero.Init's units that no optimizer took over (frozen parameters, or ones not given to the optimizer),
+    each once, in module order: stage 3 gathers them for forward and backward like the others, but they get no
+    gradient reduction, optimizer state or master copy."""
+    found: dict[int, Unit] = {}
+    for param in module.parameters():
+        unit = getattr(param, "_dszero_unit", None)
+        if unit is not None and unit.partition_only:
+            found.setdefault(id(unit), unit)
+    return list(found.values())
 
 
 class GatheredParameters:
