@@ -24,6 +24,7 @@ import torch
 
 import dsaio
 import dszero
+from dszero.units import full_shape
 
 from ..errors import CheckpointLoadError, DstrainError
 from .contents import MASTER
@@ -102,6 +103,38 @@ def layer_prefixes(pipe: Any) -> dict[int, str]:
     return prefixes
 
 
+def zero_trained(param: torch.Tensor) -> bool:
+    """Whether ZeRO stage 3 keeps `param` in its shards with a master (trained by its optimizer). Parameters
+    dszero.Init partitioned that the optimizer does not train (LoRA's frozen base) are partitioned too, but
+    have no master: the module file holds them, gathered for the save."""
+    unit = getattr(param, "_dszero_unit", None)
+    return unit is not None and not unit.partition_only
+
+
+def untrained_partitioned(param: torch.Tensor) -> bool:
+    unit = getattr(param, "_dszero_unit", None)
+    return unit is not None and unit.partition_only
+
+
+def gather_untrained(module: torch.nn.Module, skip: set[str], keep: bool) -> dict[str, torch.Tensor]:
+    """{name: whole value} of the module's parameters partitioned by dszero.Init that ZeRO does not train, gathered
+    one at a time (collective: every rank of the data group calls it, in the same order); empty unless `keep`
+    (only the writing rank keeps copies)."""
+    values: dict[str, torch.Tensor] = {}
+    first: dict[int, str] = {}  # a tied parameter is gathered once, and kept under each of its names
+    for name, param in module.named_parameters(remove_duplicate=False):
+        if name in skip or not untrained_partitioned(param):
+            continue
+        if id(param) not in first:
+            first[id(param)] = name
+            with dszero.GatheredParameters([param]):
+                if keep:
+                    values[name] = param.detach().clone()
+        elif keep:
+            values[name] = values[first[id(param)]]
+    return values
+
+
 def frozen_names(module: torch.nn.Module) -> list[str]:
     """Every state_dict key of a parameter with requires_grad False (each name of a shared one)."""
     return sorted(name for name, param in module.named_parameters(remove_duplicate=False) if not param.requires_grad)
@@ -124,7 +157,7 @@ class ModuleWeights:
     def _sharded_names(self) -> set[str]:
         if not self.partitioned:
             return set()
-        return {name for name, p in self.module.named_parameters(remove_duplicate=False) if p.requires_grad}
+        return {name for name, p in self.module.named_parameters(remove_duplicate=False) if zero_trained(p)}
 
     # ------------------------------------------------------------------------------------------ save
     def save(self, out: SaveTarget) -> None:
@@ -136,7 +169,7 @@ class ModuleWeights:
             out.common[SHARED_PARAMS] = shared
         if self.partitioned:
             out.common[SHARDED_DTYPES] = {name: str(p.dtype) for name, p in
-                                          self.module.named_parameters(remove_duplicate=False) if p.requires_grad}
+                                          self.module.named_parameters(remove_duplicate=False) if zero_trained(p)}
         pipe = self.layout.pipe
         if pipe is not None:
             files = LayerFiles(out, layer_prefixes(pipe), self._experts())
@@ -152,9 +185,12 @@ class ModuleWeights:
             return
 
         def write() -> None:
+            # Frozen weights dszero.Init partitioned: whole in the file, gathered by every rank of the data group.
+            untrained = gather_untrained(self.module, set(excluded), keep=out.writes_shard_files)
             if out.writes_shard_files:
                 left_out = self._sharded_names() | set(excluded) | expert_state_names(self.module)
                 state = {k: v.detach().contiguous() for k, v in self.module.state_dict().items() if k not in left_out}
+                state.update(untrained)
                 dsaio.save_state_dict(state, out.directory / MODEL_FILE, metadata=out.record("module"))
             if not self.partitioned:  # at stage 3 the experts are ZeRO's, saved partition-natively in its shards
                 save_expert_files(self.module, out.directory,
@@ -241,6 +277,8 @@ class ModuleWeights:
         path = directory / MODEL_FILE
         saved = dsaio.load_state_dict(path)
         current = self.module.state_dict()
+        partitioned = {name: p for name, p in self.module.named_parameters(remove_duplicate=False)
+                       if untrained_partitioned(p)}  # each rank keeps its piece of the file's whole value
         # What the file should hold: not the shards' parameters, those the save left out, nor the experts.
         expected = set(current) - self._sharded_names() - left_out - expert_state_names(self.module)
         missing, unexpected = sorted(expected - set(saved)), sorted(set(saved) - expected)
@@ -249,7 +287,13 @@ class ModuleWeights:
                                       f"{_few(unexpected)} (load_module_strict=False loads the keys that match)")
         with torch.no_grad():
             for name, value in saved.items():
-                if name in current:
+                if name in partitioned:
+                    param = partitioned[name]
+                    if full_shape(param) != tuple(value.shape):
+                        raise CheckpointLoadError(f"{path}: {name} has shape {tuple(value.shape)} in the checkpoint "
+                                                  f"but {full_shape(param)} in the model")
+                    param._dszero_unit.store_whole(param, value)
+                elif name in current:
                     if current[name].shape != value.shape:
                         raise CheckpointLoadError(f"{path}: {name} has shape {tuple(value.shape)} in the checkpoint "
                                                   f"but {tuple(current[name].shape)} in the model")

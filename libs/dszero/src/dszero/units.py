@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 import dscomm
 
+from .errors import ZeroError
 from .layout import GroupLayout
 from .leaf_modules import z3_leaf_module
 from .offload.param_homes import DeviceHome
@@ -226,6 +227,29 @@ class Unit:
             self.master_writer(self, values)
         elif self.separate_master:
             self.master.copy_(values)
+
+    def store_whole(self, param: torch.nn.Parameter, value: torch.Tensor) -> None:
+        """Set one of the unit's parameters from its whole value, without a collective: this rank keeps its piece
+        (every rank of the group must be given the same value, as when each reads it from one file). For units
+        with no master (dszero.Init's untrained ones: a checkpoint's frozen weights); others keep their master."""
+        index = next(i for i, p in enumerate(self.params) if p is param)
+        slot = self.layout.slots[index]
+        flat = value.detach().reshape(-1).to(self.dtype)
+        if flat.numel() != slot.numel:
+            raise ZeroError(f"{self.names[index]}: {flat.numel()} values given for a parameter of shape {slot.shape}")
+        if self.pending is not None:
+            self._finish()
+        if self.gathered:
+            self.model_flat[slot.offset:slot.end].copy_(flat)
+        lo, hi = self.layout.shard_range(self.shard_rank)
+        first, last = max(lo, slot.offset), min(hi, slot.end)
+        if first < last:
+            shard = self.home.fetch().clone()
+            self.home.done()
+            shard[first - lo:last - lo].copy_(flat[first - slot.offset:last - slot.offset])
+            self.home.store(shard)
+        if self.routes is not None:
+            self.routes.weights_changed(self)
 
     def master_to_model(self) -> None:
         """Copy the updated master shard into the parameter shard (refresh() then re-gathers kept units)."""
