@@ -119,6 +119,45 @@ def test_lora_is_fused_for_generation_and_exactly_unfused_after():
             assert same and unchanged and lora_layers == 4 and not still_fused
 
 
+def lora_frozen_under_init(rank, world):
+    """DeepSpeed-Chat's --only_optimize_lora at ZeRO-3 on a model partitioned by zero.Init (as from_pretrained
+    under HfDeepSpeedConfig): the frozen base weights stay partitioned, generation fuses LoRA into them."""
+    reference = merged(with_lora(llama()))
+    model = llama()
+    dstrain.zero.Init(module=model, config_dict_or_path=config(3))
+    model = with_lora(model)
+    for name, param in model.named_parameters():
+        param.requires_grad_("lora_" in name)
+    engine, *_ = dstrain.initialize(model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
+                                    config=config(3))
+    ids = prompts(rank)
+    results = []
+    for step in range(2):
+        engine.eval()
+        out = engine.module.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False,
+                                     pad_token_id=0)
+        engine.train()
+        batch = torch.randint(3, 64, (2, 9), generator=torch.Generator().manual_seed(rank + step))
+        engine.backward(engine(input_ids=batch, labels=batch).loss)
+        engine.step()
+        frozen_held = sum(p.numel() for n, p in engine.module.named_parameters() if "lora_" not in n)
+        results.append((torch.equal(out, _greedy(reference, ids)) if step == 0 else True, frozen_held))
+    from dstrain.compat.runtime.zero import unwrap_model_for_generation
+
+    with unwrap_model_for_generation(engine) as unwrapped:  # TRL's way: every weight gathered, hooks off
+        whole = all(p.numel() > 0 for p in unwrapped.module.parameters())
+    after = sum(p.numel() for n, p in engine.module.named_parameters() if "lora_" not in n)
+    results.append((whole, after))
+    return results, len(engine.optimizer.reducer.frozen)
+
+
+def test_lora_over_frozen_weights_partitioned_by_init_generates_and_trains():
+    for results, frozen_units in run_ranks(lora_frozen_under_init, 2, timeout=300):
+        assert frozen_units > 0
+        for same, frozen_held in results:
+            assert same and frozen_held == 0  # the base weights back in their shards after every step
+
+
 def train_steps(rank, world, generate):
     engine, *_ = dstrain.initialize(model=llama(), config=config(3, enabled=generate))
     gen = torch.Generator().manual_seed(rank)
