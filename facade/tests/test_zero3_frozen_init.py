@@ -8,6 +8,7 @@ import dsaio
 import dstrain
 from dscomm.testing import run_ranks
 from dstrain.checkpoint.files import MODEL_FILE
+from dstrain.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
 CFG = config(stage=3, optimizer=ADAMW, zero_optimization={"stage": 3, "stage3_param_persistence_threshold": 0,
                                                            "stage3_gather_16bit_weights_on_model_save": True})
@@ -74,3 +75,8 @@ def test_checkpoint_saves_and_restores_frozen_weights_partitioned_by_init(tmp_pa
             assert name not in module_file  # trained: in ZeRO's shards
     sixteen = dsaio.load(tmp_path / "model16.safetensors")
     assert set(sixteen) == set(saved) and all(torch.equal(sixteen[n], saved[n]) for n in saved)
+    # zero_to_fp32: the trained parameters from ZeRO's shards, the frozen ones from the module file, as DeepSpeed's.
+    fp32 = get_fp32_state_dict_from_zero_checkpoint(tmp_path, tag="t")
+    assert set(fp32) == set(saved) and all(torch.equal(fp32[n], saved[n]) for n in saved)
+    trained_only = get_fp32_state_dict_from_zero_checkpoint(tmp_path, tag="t", exclude_frozen_parameters=True)
+    assert set(trained_only) == {n for n in saved if not frozen(n)}

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from .saved import SavedCheckpoint
 
 SHARED_PARAMS = "shared_params"  # in the common file: {a tied parameter's other name: the name ZeRO keeps it under}
+FROZEN_PARAMS = "frozen_params"  # in the common file: the saved parameters with requires_grad False (zero_to_fp32)
 SHARDED_DTYPES = "sharded_dtypes"  # in the common file at stage 3: {trained parameter: its dtype} (kept by ZeRO)
 _DTYPES = {str(dtype): dtype for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64)}
 
@@ -164,6 +165,10 @@ class ModuleWeights:
         excluded = frozen_names(self.module) if self.exclude_frozen else []
         if excluded:
             out.common[EXCLUDED_FROZEN] = excluded
+        else:
+            kept_frozen = frozen_names(self.module)
+            if kept_frozen:  # zero_to_fp32 gives them back with the trained ones, as DeepSpeed's does
+                out.common[FROZEN_PARAMS] = kept_frozen
         shared = shared_parameter_names(self.module)
         if shared:  # zero_to_fp32 gives tied weights every name the module's state dict has
             out.common[SHARED_PARAMS] = shared

@@ -30,7 +30,7 @@ from ...checkpoint.contents import MASTER
 from ...checkpoint.deepspeed.files import get_model_state_files, get_optim_files, is_deepspeed_directory
 from ...checkpoint.deepspeed.reader import read_deepspeed
 from ...checkpoint.files import COMMON_FILE
-from ...checkpoint.module_weights import SHARED_PARAMS
+from ...checkpoint.module_weights import FROZEN_PARAMS, SHARED_PARAMS
 from ...checkpoint.paths import read_latest, tag_directory
 from ...checkpoint.saved import read_common
 from ...checkpoint.whole import read_whole
@@ -57,7 +57,8 @@ def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir: str | os.PathLike, 
                                              lazy_mode: bool = False) -> dict[str, torch.Tensor]:
     """{name: fp32 tensor}: every trained parameter's fp32 master weights, whole, on the CPU (lazy_mode is taken
     and reads the same). From DeepSpeed's checkpoints also the module's other entries (frozen parameters,
-    buffers) in fp32 unless exclude_frozen_parameters, as DeepSpeed's own script does."""
+    buffers) in fp32 unless exclude_frozen_parameters, as DeepSpeed's own script does; from dstrain's the frozen
+    parameters (the module file's, ZeRO-3's included)."""
     directory = _checkpoint_directory(Path(os.fspath(checkpoint_dir)), tag)
     if is_deepspeed_directory(directory):
         whole = read_deepspeed(directory)
@@ -70,10 +71,20 @@ def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir: str | os.PathLike, 
     if not (directory / COMMON_FILE).is_file():
         zero_dir = directory if (directory / _META).is_file() else directory / "zero"
         return dszero.get_fp32_state_dict_from_zero_checkpoint(zero_dir)
-    state = {name: entry[MASTER] for name, entry in read_whole(directory).parameters.items()}
-    shared = read_common(directory / COMMON_FILE).get(SHARED_PARAMS) or {}
+    whole = read_whole(directory)
+    state = {name: entry[MASTER] for name, entry in whole.parameters.items()}
+    common = read_common(directory / COMMON_FILE)
+    shared = common.get(SHARED_PARAMS) or {}
     if not isinstance(shared, dict):
         raise CheckpointLoadError(f"{directory / COMMON_FILE}: {SHARED_PARAMS} must map names to names")
+    frozen = common.get(FROZEN_PARAMS) or []
+    if not isinstance(frozen, list) or not all(isinstance(name, str) for name in frozen):
+        raise CheckpointLoadError(f"{directory / COMMON_FILE}: {FROZEN_PARAMS} must be a list of parameter names")
+    if not exclude_frozen_parameters:  # the frozen parameters, from the module file (in fp32), as DeepSpeed's
+        for name in frozen:
+            value = whole.module.get(name)
+            if value is not None and name not in state:
+                state[name] = value.float() if value.is_floating_point() else value
     for alias, original in shared.items():
         if original in state:
             state[alias] = state[original]
