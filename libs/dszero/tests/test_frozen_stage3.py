@@ -160,7 +160,7 @@ def test_a_gradient_for_a_frozen_init_parameter_is_refused_by_name():
 def held_forward(rank, world):
     model = build(init=True)
     zero = dszero.ZeroOptimizer(model, torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1),
-                                ZeroConfig(stage=3))
+                                ZeroConfig(stage=3, stage3_param_persistence_threshold=0))
     tokens = next(batches(1, 1, world, rank))[0]
     with torch.no_grad():
         hooked = model(tokens[:, :-1])
@@ -174,3 +174,22 @@ def held_forward(rank, world):
 def test_held_parameters_gather_the_frozen_units_for_generation():
     for same in run_ranks(held_forward, 2, timeout=60):
         assert same
+
+
+def small_frozen_units_persist(rank, world):
+    model = build(init=True)
+    zero = dszero.ZeroOptimizer(model, torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1),
+                                ZeroConfig(stage=3, stage3_param_persistence_threshold=100))
+    for step in batches(2, 1, world, rank):
+        zero.backward(loss_of(model, step[0]))
+        zero.step()
+        zero.zero_grad()
+    return {n: p.numel() for n, p in model.named_parameters() if not p.requires_grad}
+
+
+def test_frozen_init_units_under_the_persistence_threshold_stay_gathered():
+    for held in run_ranks(small_frozen_units_persist, 2, timeout=60):
+        # The base biases (32 and 64 elements) whole on every rank, as DeepSpeed keeps small parameters; the
+        # weights and the embedding partitioned.
+        assert all(numel > 0 for n, numel in held.items() if n.endswith("bias"))
+        assert all(numel == 0 for n, numel in held.items() if not n.endswith("bias"))

@@ -137,7 +137,8 @@ def only_the_head_trained(rank, world, freeze):
             param.requires_grad_(name.startswith("head."))
     with dszero.GatheredParameters(list(model.parameters())):
         before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    zero = dszero.ZeroOptimizer(model, torch.optim.SGD(model.head.parameters(), lr=0.5), ZeroConfig(stage=3))
+    zero = dszero.ZeroOptimizer(model, torch.optim.SGD(model.head.parameters(), lr=0.5),
+                                ZeroConfig(stage=3, stage3_param_persistence_threshold=0))
     held = sum(p.numel() for n, p in model.named_parameters() if not n.startswith("head."))
     try:
         for step in batches(2, 1, world, rank):

@@ -24,7 +24,7 @@ from ..flat import FlatGroup
 from ..layout import GroupLayout
 from ..offload.param_homes import ParamHomes
 from ..precision import Precision
-from ..units import Unit, partition_units
+from ..units import Unit, partition_units, untrained_units
 
 if TYPE_CHECKING:
     from ..optimizer import ZeroOptimizer
@@ -140,6 +140,11 @@ class PartitionedUnits:
                                 pin_master=bool(zero.offload and offload.pin_memory),
                                 own_master=zero.offload,  # offloaded masters get their own host buffers
                                 group_settings=group_settings)
+        # dszero.Init's units the optimizer does not train (frozen) stay gathered under the threshold too, as DeepSpeed
+        # keeps every small parameter whole; every rank meets them in the same order (set_persistent gathers).
+        for unit in untrained_units(module):
+            if unit.layout.numel < self.persistence_threshold:
+                unit.set_persistent(True)
         # norm_replicas needs no group of its own: each unit counts its replicas in the norm (tensor parallel).
         unit_of = {id(unit.master_param): unit for unit in units}
         for settings, param_group in zip(group_settings, optimizer.param_groups):
