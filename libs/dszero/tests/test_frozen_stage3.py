@@ -184,11 +184,14 @@ def small_frozen_units_persist(rank, world):
         zero.backward(loss_of(model, step[0]))
         zero.step()
         zero.zero_grad()
-    return {n: p.numel() for n, p in model.named_parameters() if not p.requires_grad}
+    report = zero.memory_report()
+    shards = sum(u.home.nbytes for u in zero.groups + zero.reducer.frozen)
+    return {n: p.numel() for n, p in model.named_parameters() if not p.requires_grad}, report["parameters"] == shards
 
 
 def test_frozen_init_units_under_the_persistence_threshold_stay_gathered():
-    for held in run_ranks(small_frozen_units_persist, 2, timeout=60):
+    for held, reported in run_ranks(small_frozen_units_persist, 2, timeout=60):
+        assert reported  # memory_report's parameters: the frozen units' shards too
         # The base biases (32 and 64 elements) whole on every rank, as DeepSpeed keeps small parameters; the
         # weights and the embedding partitioned.
         assert all(numel > 0 for n, numel in held.items() if n.endswith("bias"))

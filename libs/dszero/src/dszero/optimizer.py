@@ -475,7 +475,8 @@ class ZeroOptimizer:
         is their sum. Places: device_bytes (the compute device's memory), cpu_offload_bytes (host
         buffers of CPU offload) and nvme_bytes (swap files); they add up to total too.
         """
-        entries = self.policies.partition.parameter_bytes(self.groups)  # (kind, place, bytes)
+        # (kind, place, bytes); stage 3's frozen Init units hold shards too
+        entries = self.policies.partition.parameter_bytes(self.groups + list(getattr(self.reducer, "frozen", ())))
         entries.append(("gradients", "device", self.reducer.buffer_bytes()))
         entries.append(("master_weights", self.stepper.where, self.stepper.master_bytes()))
         entries.append(("optimizer_state", self.stepper.where, self.stepper.state_bytes()))
