@@ -117,3 +117,32 @@ def mpu_rank(rank, world):
 def test_a_megatron_mpu_sets_the_tensor_axis_and_its_groups_must_match_the_layout():
     for accepted, refused in run_ranks(mpu_rank, 4, timeout=120):
         assert accepted == (2, True) and refused
+
+
+def consolidated_rank(rank, world):
+    model = hf_model()
+    expected = {name: value.clone() for name, value in model.state_dict().items()}
+    engine, *_ = dstrain.initialize(model=model, model_parameters=model.parameters(), config=tp_config(2))
+    state = engine._consolidated_16bit_state_dict()  # Accelerate's get_state_dict under AutoTP
+    sharded = any(p.shape != expected[n].shape for n, p in model.named_parameters())
+    if state is None:
+        return rank, sharded, None
+    return rank, sharded, {n: torch.equal(state[n], expected[n]) for n in expected} | {"keys": set(state) == set(expected)}
+
+
+def no_partition_rank(rank, world):
+    model = hf_model()
+    engine, *_ = dstrain.initialize(model=model, model_parameters=model.parameters(), config=tp_config(1))
+    try:
+        engine._consolidated_16bit_state_dict()
+    except ValueError as exc:
+        return str(exc)
+    return "no error"
+
+
+def test_the_consolidated_state_dict_merges_tensor_parallel_shards_on_rank_0():
+    results = {rank: (sharded, equal) for rank, sharded, equal in run_ranks(consolidated_rank, 2)}
+    assert results[0][0] and results[1][0]  # the module's weights are shards on both ranks
+    assert results[1][1] is None and results[0][1] and all(results[0][1].values()), results[0][1]
+    (message,) = run_ranks(no_partition_rank, 1)
+    assert "ZeRO stage 3 or tensor_parallel.autotp_size > 1" in message

@@ -29,12 +29,31 @@ def save_16bit_model(parts: TrainingParts, save_dir: Any, save_filename: str, *,
     this needs stage3_gather_16bit_weights_on_model_save. exclude_frozen_parameters leaves out those with
     requires_grad False."""
     layout = RunLayout.of(parts)
-    module = parts.module
     partitioned = parts.optimizer is not None and parts.optimizer.partitions_parameters
     if partitioned and not parts.config.zero_optimization.stage3_gather_16bit_weights_on_model_save:
         warnings.warn("save_16bit_model at ZeRO stage 3 needs zero_optimization."
                       "stage3_gather_16bit_weights_on_model_save: true; nothing saved", stacklevel=3)
         return False
+    whole = whole_16bit_state_dict(parts, exclude_frozen_parameters=exclude_frozen_parameters)
+    writes = whole is not None
+    if writes:
+        target = Path(save_dir) / save_filename
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if target.suffix in (".bin", ".pt", ".pth"):
+            torch.save(whole, target)  # the format Hugging Face's from_pretrained reads
+        else:
+            dsaio.save(whole, target)
+    dscomm.barrier(group=layout.world_group if layout.tensor is not None else layout.dp_group)
+    return True
+
+
+def whole_16bit_state_dict(parts: TrainingParts, *, exclude_frozen_parameters: bool = False
+                           ) -> dict[str, torch.Tensor] | None:
+    """The whole model's state dict in its training dtype (ZeRO-3 shards, AutoEP's experts and tensor-parallel
+    shards gathered) on the rank that writes it (global rank 0 with tensor parallelism, else the first
+    data-parallel rank), None on the others; every rank calls it (it gathers)."""
+    layout = RunLayout.of(parts)
+    module = parts.module
     left_out = set(frozen_names(module)) if exclude_frozen_parameters else set()
     writes = dscomm.get_rank() == 0 if layout.tensor is not None else layout.dp_rank == 0
     whole: dict[str, torch.Tensor] = {}
@@ -47,15 +66,7 @@ def save_16bit_model(parts: TrainingParts, save_dir: Any, save_filename: str, *,
                 value = _merged_over_tensor_ranks(layout, name, value)
             if writes:
                 whole[name] = value.detach().clone()
-    if writes:
-        target = Path(save_dir) / save_filename
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if target.suffix in (".bin", ".pt", ".pth"):
-            torch.save(whole, target)  # the format Hugging Face's from_pretrained reads
-        else:
-            dsaio.save(whole, target)
-    dscomm.barrier(group=layout.world_group if layout.tensor is not None else layout.dp_group)
-    return True
+    return whole if writes else None
 
 
 def _merged_over_tensor_ranks(layout: RunLayout, name: str, value: torch.Tensor) -> torch.Tensor:

@@ -21,7 +21,6 @@ from .parts import build_training_parts
 
 # Private methods of DeepSpeed's engine that integrations call (Accelerate, transformers): a missing one is named
 # with who asked, as a missing public one is.
-# (Accelerate's get_state_dict calls _consolidated_16bit_state_dict under AutoTP, which this engine lacks.)
 _DEEPSPEED_PRIVATE_API = {"_consolidated_16bit_state_dict", "_zero3_consolidated_16bit_state_dict"}
 
 
@@ -315,6 +314,19 @@ class DeepSpeedEngine(EngineAccessors, torch.nn.Module):
             raise ValueError(f"_zero3_consolidated_16bit_state_dict needs ZeRO stage 3 (zero_optimization.stage is "
                              f"{self.zero_optimization_stage()}); the module's own state_dict() is whole here")
         return consolidated_state_dict(self.module, exclude_frozen_parameters)
+
+    def _consolidated_16bit_state_dict(self, exclude_frozen_parameters: bool = False) -> dict | None:
+        """DeepSpeed's name, which Accelerate's get_state_dict calls: the whole module's state dict in its training
+        dtype where the weights are partitioned, ZeRO-3's shards (on global rank 0) or AutoTP's tensor-parallel
+        shards merged (on global rank 0); None on the other ranks, which must all call it."""
+        if self.zero_optimization_stage() == 3:
+            return self._zero3_consolidated_16bit_state_dict(exclude_frozen_parameters)
+        if self._config.tensor_parallel.autotp_size > 1:
+            from ..checkpoint.sixteen_bit import whole_16bit_state_dict
+
+            return whole_16bit_state_dict(self._parts, exclude_frozen_parameters=exclude_frozen_parameters)
+        raise ValueError("_consolidated_16bit_state_dict needs partitioned weights: ZeRO stage 3 or "
+                         "tensor_parallel.autotp_size > 1 (here the module's own state_dict() is whole)")
 
     # ------------------------------------------------------------------ data efficiency (dsdata)
     def set_data_post_process_func(self, post_process_func) -> None:
