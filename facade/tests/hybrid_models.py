@@ -19,6 +19,27 @@ def llama(seed: int = 0, **extra):
     return transformers.AutoModelForCausalLM.from_config(config)
 
 
+def family(name: str, seed: int = 0):
+    """A tiny causal LM of another family than Llama (the Hybrid Engine generates with the model's own generate)."""
+    import transformers
+
+    small = dict(vocab_size=VOCAB, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    configs = {
+        "opt": lambda: transformers.OPTConfig(hidden_size=32, ffn_dim=48, num_hidden_layers=2, num_attention_heads=4,
+                                              max_position_embeddings=128, word_embed_proj_dim=32, **small),
+        "gpt2": lambda: transformers.GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=128, **small),
+        "qwen2": lambda: transformers.Qwen2Config(hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                                  num_attention_heads=4, num_key_value_heads=2,
+                                                  max_position_embeddings=128, **small),
+        "mistral": lambda: transformers.MistralConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                                      num_attention_heads=4, num_key_value_heads=2,
+                                                      max_position_embeddings=128, **small),
+    }
+    config = configs[name]()
+    torch.manual_seed(seed)
+    return transformers.AutoModelForCausalLM.from_config(config)
+
+
 def prompts(rank: int, rows: int = 2, length: int = 5) -> torch.Tensor:
     gen = torch.Generator().manual_seed(100 + rank)
     return torch.randint(3, VOCAB, (rows, length), generator=gen)
