@@ -152,6 +152,9 @@ KEYS: dict[str, tuple] = {
     "zero_optimization.zero_quantized_gradients": obs(f"{DSZERO}/test_zeropp.py::test_qgz_cuts_gradient_bytes_fourfold_per_step_and_more_across_nodes"),
     "zero_optimization.log_trace_cache_warnings": obs(f"{DSZERO}/test_zero_keys.py::test_log_trace_cache_warnings_logs_when_the_module_order_leaves_the_recording"),
     "zero_optimization.save_muon_momentum_buffer_in_memory": obs(f"{DSZERO}/test_whole_tensors.py::test_momentum_stays_in_memory_under_nvme_offload"),
+    "zero_optimization.leaf_module.classes": obs(f"{DSZERO}/test_leaf_modules.py::test_zero_optimization_leaf_module_marks_the_config_s_modules"),
+    "zero_optimization.leaf_module.names": obs(f"{DSZERO}/test_leaf_modules.py::test_zero_optimization_leaf_module_marks_the_config_s_modules"),
+    "zero_optimization.leaf_module.name_suffixes": obs(f"{DSZERO}/test_leaf_modules.py::test_zero_optimization_leaf_module_marks_the_config_s_modules"),
     # ---- asynchronous I/O (dsaio's handle, built from the section for NVMe offload)
     "aio.block_size": obs("libs/dsaio/tests/test_async.py::test_handle_defaults_and_getters"),
     "aio.queue_depth": obs("libs/dsaio/tests/test_async.py::test_handle_defaults_and_getters"),
@@ -226,6 +229,7 @@ KEYS: dict[str, tuple] = {
     "disable_python_gc": obs(f"{FACADE}/test_python_gc_and_second_engine.py::test_disable_python_gc_collects_once_and_holds_the_collector_until_the_last_engine"),
     "steps_per_print": obs(f"{FACADE}/test_monitoring.py::test_flops_profile_comms_log_and_gc_switch"),
     "wall_clock_breakdown": obs(f"{FACADE}/test_monitoring.py::test_csv_and_tensorboard_hold_the_loss_lr_and_timers_by_sample"),
+    "log_level": obs(f"{FACADE}/test_deepspeed_paths_round4.py::test_round4_paths_resolve_under_the_alias_and_work"),
     "dump_state": obs(f"{FACADE}/test_monitoring.py::test_flops_profile_comms_log_and_gc_switch"),
     "dataloader_drop_last": obs(f"{HERE}::test_engine_observations"),
     "rank_watchdog.enabled": obs(f"{FACADE}/test_rank_watchdog.py::test_the_watchdog_is_on_by_default_with_its_timeout"),
