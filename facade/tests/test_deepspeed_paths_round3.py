@@ -4,8 +4,7 @@ DEEPSPEED_ELASTICITY_CONFIG read from the environment), `deepspeed.checkpoint` (
 names), `deepspeed.runtime.config.DeepSpeedConfig` built from a dict or a file and given to initialize(), and
 the safe_set_local_* helpers under `deepspeed.utils`. One subprocess: the alias is process-wide."""
 
-import subprocess
-import sys
+from alias_snippet import run_alias_snippet
 
 SNIPPET = r"""
 import dstrain.as_deepspeed
@@ -112,11 +111,4 @@ print("ok")
 
 
 def test_round3_paths_resolve_under_the_alias_and_work(tmp_path):
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    done = subprocess.run([sys.executable, "-c", SNIPPET, str(port)], capture_output=True, text=True, timeout=240,
-                          cwd=tmp_path)
-    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout[-3000:] + done.stderr[-3000:]
+    run_alias_snippet(SNIPPET, tmp_path)

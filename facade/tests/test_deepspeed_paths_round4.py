@@ -5,9 +5,7 @@ key (v1/test_engine_log_level.py: `runtime.config.get_log_level`, `runtime.const
 defaults, a string taken as one name, a leaf marked by the config at initialize). One subprocess: the alias is
 process-wide."""
 
-import socket
-import subprocess
-import sys
+from alias_snippet import run_alias_snippet
 
 SNIPPET = r"""
 import dstrain.as_deepspeed
@@ -56,9 +54,4 @@ print("ok")
 
 
 def test_round4_paths_resolve_under_the_alias_and_work(tmp_path):
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    done = subprocess.run([sys.executable, "-c", SNIPPET, str(port)], capture_output=True, text=True, timeout=240,
-                          cwd=tmp_path)
-    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout[-3000:] + done.stderr[-3000:]
+    run_alias_snippet(SNIPPET, tmp_path)
