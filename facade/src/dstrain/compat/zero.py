@@ -1,5 +1,5 @@
 """`dstrain.zero`: DeepSpeed's `deepspeed.zero` names, from dszero."""
 
-from dszero import GatheredParameters, Init
+from dszero import GatheredParameters, Init, register_external_parameter, unregister_external_parameter
 
-__all__ = ["GatheredParameters", "Init"]
+__all__ = ["GatheredParameters", "Init", "register_external_parameter", "unregister_external_parameter"]

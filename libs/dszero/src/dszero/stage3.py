@@ -20,6 +20,7 @@ backward, so a LoRA model's frozen weights are never all gathered at once.
 
 from __future__ import annotations
 
+import collections
 import functools
 import warnings
 from typing import Any
@@ -27,6 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from . import external
 from .errors import ZeroError
 from .layout import Slot
 from .ordered import InOrderLauncher, weakly
@@ -68,7 +70,10 @@ class Stage3:
         # NVMe-homed shards start reading one bucket beyond the gathers (a second plan, twice as far).
         nvme = getattr(homes, "device", "none") == "nvme"
         self.read_ahead = PrefetchPlan(2 * self.prefetch.bucket) if nvme else None
-        self.in_forward: set[int] = set()  # units whose module's forward is running
+        # Units whose module's forward is running, and how many of those forwards (an external parameter's unit
+        # is read by its owner's forward and by an enclosing module's: released when the last one ends).
+        self.in_forward: collections.Counter[int] = collections.Counter()
+        self.forward_stack: list[torch.nn.Module] = []  # the modules whose forward is running, innermost last
         self.in_backward: set[int] = set()  # units gathered for a backward whose gradients are not reduced yet
         self.reducing: list[tuple[Unit, PendingShard, int, torch.Tensor]] = []  # in flight, oldest first
         # Flat gradient buffers whose reduction is done, reused by the next units of their size during this
@@ -88,6 +93,8 @@ class Stage3:
             self.live[0] += unit.layout.padded_numel if unit.gathered and not unit.persistent else 0
         self.unit_of_param = {id(p): unit for unit in units for p in unit.params}
         hooked_unit_of = {**{id(p): unit for unit in self.frozen for p in unit.params}, **self.unit_of_param}
+        self.hooked_unit_of = hooked_unit_of
+        self.root = module
         self.backward_pending: dict[int, int] = {}  # frozen unit -> backwards of its modules begun and not done
         self.units_of_module: dict[int, list[Unit]] = {}
         self.hooked_modules: list[torch.nn.Module] = []  # the modules whose hooks gather their units
@@ -112,7 +119,22 @@ class Stage3:
         self.frozen_modules = [m for m in self.hooked_modules
                                if any(id(u) in frozen_keys for u in self.units_of_module[id(m)])]
         self.frozen_hook_handles: list[Any] = []  # their full backward hooks (kept apart: three per module above)
+        # External parameters (external.py): every other module keeps the forward stack; the modules that read
+        # another's parameters gather them with a backward pre-hook of their own.
+        hooked = {id(m) for m in self.hooked_modules}
+        self.stack_modules = [m for m in module.modules() if id(m) not in hooked]
+        self.stack_hook_handles: list[Any] = []
+        self.external_units: dict[int, list[Unit]] = {}  # id(module) -> the units it reads of other modules
+        self.external_modules: dict[int, torch.nn.Module] = {}
+        self.external_hook_handles: dict[int, Any] = {}
+        self.pinned: set[int] = set()  # units found external during a forward: kept gathered until reduced
+        self.owners = [m for m in module.modules()
+                       if any(p is not None and id(p) in hooked_unit_of for p in m._parameters.values())]
         self.restore_module_hooks()
+        external.track(self)
+        for submodule in module.modules():
+            for param in external.registered_external(submodule):
+                self.add_external(submodule, param)
         names = {id(p): n for n, p in module.named_parameters()}
         self.frozen_params = [(names.get(id(p), "?"), p) for unit in self.frozen for p in unit.params]
         for name, param in self.frozen_params:
@@ -130,10 +152,14 @@ class Stage3:
     def remove_module_hooks(self) -> None:
         """Stop gathering and releasing from module hooks (a compiled graph does it, and torch.compile breaks
         its graph at every module with a backward hook); gradients are still reduced from their hooks."""
-        for handle in self.module_hook_handles + self.frozen_hook_handles:
+        for handle in (self.module_hook_handles + self.frozen_hook_handles + self.stack_hook_handles
+                       + list(self.external_hook_handles.values())):
             handle.remove()
         self.module_hook_handles = []
         self.frozen_hook_handles = []
+        self.stack_hook_handles = []
+        self.external_hook_handles = {}
+        external.unwatch(self.owners)
 
     def restore_module_hooks(self) -> None:
         """Gather and release from module hooks again (eager ZeRO-3; the default)."""
@@ -145,6 +171,80 @@ class Stage3:
                                          submodule.register_full_backward_pre_hook(self._before_backward)]
         self.frozen_hook_handles = [submodule.register_full_backward_hook(self._after_backward)
                                     for submodule in self.frozen_modules]
+        for submodule in self.stack_modules:
+            self.stack_hook_handles += [submodule.register_forward_pre_hook(self._enter),
+                                        submodule.register_forward_hook(self._exit)]
+        for submodule in self.external_modules.values():
+            self._hook_backward(submodule)
+        external.watch(self.owners, self)
+
+    # ------------------------------------------------------------------ external parameters (external.py)
+    def add_external(self, module: torch.nn.Module, param: torch.nn.Parameter) -> None:
+        """`param`'s unit is gathered with `module`'s own for its forward and backward (register_external_parameter)."""
+        unit = self.hooked_unit_of.get(id(param))
+        if unit is not None and any(m is module for m in self.root.modules()):
+            self._add_external_unit(module, unit)
+
+    def remove_external(self, module: torch.nn.Module, param: torch.nn.Parameter) -> None:
+        unit = self.hooked_unit_of.get(id(param))
+        units = self.external_units.get(id(module), [])
+        if unit is None or unit not in units:
+            return
+        if any(self.hooked_unit_of.get(id(p)) is unit for p in external.registered_external(module)):
+            return  # another registered parameter of the module is in the same unit
+        units.remove(unit)
+        self.units_of_module[id(module)].remove(unit)
+
+    def _add_external_unit(self, module: torch.nn.Module, unit: Unit) -> bool:
+        units = self.units_of_module.setdefault(id(module), [])
+        if unit in units:
+            return False
+        units.append(unit)
+        self.external_units.setdefault(id(module), []).append(unit)
+        if id(module) not in self.external_modules:
+            self.external_modules[id(module)] = module
+            if self.module_hook_handles and not any(m is module for m in self.hooked_modules):
+                self._hook_backward(module)
+        return True
+
+    def _hook_backward(self, module: torch.nn.Module) -> None:
+        if id(module) not in self.external_hook_handles and not any(m is module for m in self.hooked_modules):
+            self.external_hook_handles[id(module)] = module.register_full_backward_pre_hook(self._before_backward)
+
+    def read_released(self, param: torch.nn.Parameter) -> None:
+        """A forward read a released partitioned parameter outside its module's forward: gather it now, and
+        from now on with the innermost module whose forward runs. This step's backward pre-hook of that module
+        was set up when its forward began, so the unit stays gathered until its gradients are reduced."""
+        unit = self.hooked_unit_of.get(id(param))
+        if not self.forward_stack or unit is None or unit.gathered or unit.held:
+            return
+        reader = self.forward_stack[-1]
+        self._add_external_unit(reader, unit)
+        self.in_forward[id(unit)] += 1  # as the reader's pre-hook would have counted it
+        self._make_room([unit])
+        unit.gather(compute=True)
+        if torch.is_grad_enabled():
+            self.pinned.add(id(unit))
+            self.in_backward.add(id(unit))
+
+    def _enter(self, module, args):
+        """Forward pre-hook of a module without units of its own: the forward stack, and any external units."""
+        if module is self.root:
+            self.forward_stack.clear()  # what a forward that raised left on it
+        self.forward_stack.append(module)
+        if id(module) in self.units_of_module and not self._held(module):
+            self._enter_units(module)
+
+    def _exit(self, module, args, output):
+        if id(module) in self.units_of_module and not self._held(module):
+            self._release_after_forward(module)
+        self._pop(module)
+
+    def _pop(self, module: torch.nn.Module) -> None:
+        for index in range(len(self.forward_stack) - 1, -1, -1):
+            if self.forward_stack[index] is module:
+                del self.forward_stack[index:]
+                return
 
     def accept_gradient(self, param: torch.nn.Parameter, grad: torch.Tensor) -> None:
         """A gradient computed outside autograd's accumulation (a compiled backward that hands each one over
@@ -191,7 +291,7 @@ class Stage3:
         live = self.live_numel()
         if live + missing <= self.reuse.max_live:
             return
-        busy = self.in_forward | self.in_backward | {id(u) for u in needed}
+        busy = set(self.in_forward) | self.in_backward | {id(u) for u in needed}
         kept = [key for key in self.reuse.live if key not in busy]
         ahead = [key for key in reversed(self.prefetch.in_flight) if key not in busy and key not in kept]
         for key in kept + ahead:
@@ -239,19 +339,32 @@ class Stage3:
         return all(unit.held for unit in self.units_of_module[id(module)])
 
     def _before_forward(self, module, args):
+        if module is self.root:
+            self.forward_stack.clear()
+        self.forward_stack.append(module)
         if self._held(module):
             return
+        self._enter_units(module)
+
+    def _enter_units(self, module) -> None:
         self.in_forward.update(id(u) for u in self.units_of_module[id(module)])
         self._need(module, True)
 
     def _after_forward(self, module, args, output):
-        if self._held(module):
-            return
+        if not self._held(module):
+            self._release_after_forward(module)
+        self._pop(module)
+
+    def _release_after_forward(self, module) -> None:
         # Released now unless reused soon; the backward pre-hook gathers them again before autograd reads them.
         for unit in self.units_of_module[id(module)]:
-            self.in_forward.discard(id(unit))
-            if unit.persistent or self.reuse.keep_after_forward(id(unit), unit.layout.padded_numel,
-                                                                  live_numel=self.live_numel()):
+            key = id(unit)
+            self.in_forward[key] -= 1
+            if self.in_forward[key] > 0:
+                continue  # an enclosing forward reads it too (an external parameter)
+            del self.in_forward[key]
+            if unit.persistent or key in self.pinned or self.reuse.keep_after_forward(
+                    key, unit.layout.padded_numel, live_numel=self.live_numel()):
                 continue
             unit.release()
 
@@ -314,6 +427,8 @@ class Stage3:
             self.read_ahead.end_of_step()
         self.in_forward.clear()
         self.in_backward.clear()
+        self.pinned.clear()
+        self.forward_stack.clear()
 
     def _reduce(self, unit: Unit) -> None:
         """The unit's gradients into a flat buffer (cast into the wire dtype as they are copied), its
