@@ -11,7 +11,8 @@ Face Transformers does, to keep `torch.arange`'s dtype for rotary embeddings).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import inspect
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -29,6 +30,35 @@ _orig_torch_full = torch.full
 _orig_torch_arange = torch.arange
 _orig_torch_eye = torch.eye
 _orig_torch_randn = torch.randn
+
+# The shape a partitioned parameter shows while released (`param.ds_shape` is its whole shape): empty.
+partitioned_param_data_shape = [0]
+
+
+class MultipleAllGatherHandles:
+    """Several gathers in flight, waited for as one. `wait(handle_dependency=...)` hands the flag on by keyword
+    to each handle whose `wait` takes it (DeepSpeed's own handles); others (torch.distributed's `Work`) are
+    waited for plainly."""
+
+    def __init__(self, handles: Iterable[Any]):
+        self.handles = list(handles)
+
+    def wait(self, handle_dependency: bool = True) -> None:
+        for handle in self.handles:
+            if _takes_keyword(handle.wait, "handle_dependency"):
+                handle.wait(handle_dependency=handle_dependency)
+            else:
+                handle.wait()
+
+
+def _takes_keyword(fn: Callable[..., Any], name: str) -> bool:
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature (pybind11's Work.wait)
+        return False
+    return any((p.name == name and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)) or p.kind is p.VAR_KEYWORD
+               for p in parameters)
+
 
 CONSTRUCTORS = ("tensor", "empty", "zeros", "ones", "full", "arange", "eye", "randn")
 
@@ -64,5 +94,5 @@ def override_constructors(dtype: torch.dtype | None, device: torch.device | None
     return restore
 
 
-__all__ = ["CONSTRUCTORS", "GatheredParameters", "Init", "ZeroParamStatus", "override_constructors",
-           "zero_wrapper_for_fp_tensor_constructor"]
+__all__ = ["CONSTRUCTORS", "GatheredParameters", "Init", "MultipleAllGatherHandles", "ZeroParamStatus",
+           "override_constructors", "partitioned_param_data_shape", "zero_wrapper_for_fp_tensor_constructor"]
