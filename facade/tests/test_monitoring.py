@@ -148,3 +148,19 @@ def test_a_rank_stopped_by_sigterm_has_every_event_written(tmp_path):
     proc.communicate(timeout=120)
     assert proc.returncode == -signal.SIGTERM
     _assert_every_step_written(tmp_path)
+
+
+def samples_per_second(rank, world):
+    cfg = config(micro=4, gas=2, optimizer=ADAMW, steps_per_print=2, wall_clock_breakdown=True)
+    engine, _, loader, _ = dstrain.initialize(model=make_model(), training_data=TokenDataset(size=96), config=cfg)
+    for batch in loader:
+        engine.backward(engine(batch))
+        engine.step()
+    timer = engine.tput_timer
+    return timer.batch_size, timer.micro_step_count, timer.global_step_count, timer.avg_samples_per_sec()
+
+
+def test_the_engine_times_samples_per_second_after_two_warm_up_steps():
+    for batch, micro_steps, steps, rate in run_ranks(samples_per_second, 2):
+        assert (batch, micro_steps, steps) == (16, 12, 6)  # 2 ranks x 4 x 2 a step; 96 samples on each rank
+        assert rate > 0  # the steps after the second were timed

@@ -113,6 +113,25 @@ def test_throughput_timer_micro_steps_accumulate_into_a_global_step():
     assert 4 * 2 / (sum(outer) / 1000) <= timer.avg_samples_per_sec() <= 4 / SLEEP
 
 
+def test_throughput_timer_shows_when_it_started_and_what_each_timed_micro_step_took():
+    timer = ThroughputTimer(batch_size=4, start_step=1, logging_fn=lambda _: None)
+    timer.stop()  # before any start: nothing happens
+    assert not timer.initialized and timer.micro_step_count == 0
+    timer.start()
+    assert timer.initialized and timer.started and timer.start_time == 0  # a warm-up step is not timed
+    timer.stop(global_step=True)
+    assert timer.total_elapsed_time == 0 and timer.global_step_count == 1
+    timer.start()
+    time.sleep(SLEEP)
+    timer.stop()
+    first = timer.end_time - timer.start_time
+    assert first >= SLEEP and timer.total_elapsed_time == first and timer.step_elapsed_time == first
+    timer.start()
+    timer.stop(global_step=True)
+    assert timer.total_elapsed_time == first + (timer.end_time - timer.start_time)
+    assert timer.step_elapsed_time == 0  # a global step ended: the next one starts from nothing
+
+
 def test_throughput_timer_rejects_bad_arguments():
     with pytest.raises(MonitorConfigError, match="batch_size must be at least 1"):
         ThroughputTimer(batch_size=0)

@@ -82,6 +82,11 @@ class EngineAccessors:
     def train_batch_size(self) -> int:
         return self._config.train_batch_size
 
+    @property
+    def tput_timer(self) -> Any:
+        """Samples per second over the steps after warm-up (dsmonitor.ThroughputTimer, DeepSpeed's name)."""
+        return self.reporter.throughput
+
     def train_micro_batch_size_per_gpu(self) -> int:
         return self._config.train_micro_batch_size_per_gpu
 

@@ -183,6 +183,7 @@ class DeepSpeedEngine(EngineAccessors, torch.nn.Module):
             if progress.last_step_applied and self.lr_scheduler is not None:
                 self.lr_scheduler.step(**(lr_kwargs or {}))
         timer.stop()
+        self.reporter.micro_step_done(boundary)
         if not boundary:
             progress.count_step(False, 0)
             return

@@ -50,7 +50,7 @@ class StepReporter:
 
     def __init__(self, *, rank: int, module: torch.nn.Module, progress: TrainingProgress, fp16: bool,
                  steps_per_print: int, wall_clock_breakdown: bool, flops_profiler: FlopsProfilerConfig,
-                 monitor: dsmonitor.MonitorMaster, step_hooks: list | None = None):
+                 monitor: dsmonitor.MonitorMaster, step_hooks: list | None = None, train_batch_size: int = 1):
         self.rank = rank
         self.step_hooks = step_hooks if step_hooks is not None else []
         self.module = module
@@ -62,6 +62,11 @@ class StepReporter:
         self.timers = dsmonitor.SynchronizedWallClockTimer(synchronize=torch.cuda.is_available()) \
             if self.breakdown else None
         self.monitor = monitor
+        # Samples per second over the steps after two of warm-up (DeepSpeed's engine.tput_timer); its progress
+        # line is printed every steps_per_print steps with the wall-clock breakdown.
+        self.throughput = dsmonitor.ThroughputTimer(train_batch_size, start_step=2, steps_per_output=steps_per_print,
+                                                    logging_fn=lambda line: log_on_rank0(rank, line),
+                                                    synchronize=torch.cuda.is_available())
         self.profiler = None
         self._loss_sum: torch.Tensor | None = None
         self._loss_count = 0
@@ -71,7 +76,8 @@ class StepReporter:
                     fp16: bool, step_hooks: list | None = None) -> StepReporter:
         return cls(rank=rank, module=module, progress=progress, fp16=fp16, steps_per_print=cfg.steps_per_print,
                    wall_clock_breakdown=cfg.wall_clock_breakdown, flops_profiler=cfg.flops_profiler,
-                   monitor=dsmonitor.MonitorMaster.from_config(cfg, rank=rank), step_hooks=step_hooks)
+                   monitor=dsmonitor.MonitorMaster.from_config(cfg, rank=rank), step_hooks=step_hooks,
+                   train_batch_size=cfg.train_batch_size)
 
     # ------------------------------------------------------------------ timers
     def timer(self, name: str):
@@ -79,6 +85,8 @@ class StepReporter:
 
     # ------------------------------------------------------------------ per micro-step
     def before_forward(self) -> None:
+        if not self.throughput.started:  # from the first forward of a micro-step to its engine.step()
+            self.throughput.start()
         cfg = self.profiler_cfg
         if cfg.enabled and self.rank == 0 and self.progress.global_steps + 1 == cfg.profile_step \
                 and self.profiler is None:
@@ -91,6 +99,10 @@ class StepReporter:
         self._loss_count += 1
 
     # ------------------------------------------------------------------ per optimizer step
+    def micro_step_done(self, boundary: bool) -> None:
+        """engine.step() ended a micro-step (`boundary`: with an optimizer step)."""
+        self.throughput.stop(global_step=boundary, report_speed=self.breakdown)
+
     def after_step(self, optimizer: Any, basic_optimizer: Any) -> None:
         """After an optimizer step: `optimizer` the ZeRO optimizer (loss scale, skipped steps),
         `basic_optimizer` the one whose parameter groups hold the learning rates."""

@@ -177,19 +177,23 @@ class ThroughputTimer:
         self.total_elapsed_time = 0.0  # seconds over timed steps
         self.step_elapsed_time = 0.0  # seconds in the current global step
         self.started = False
-        self._start: float | None = None
+        self.initialized = False  # set by the first start()
+        self._timed = False
+        self.start_time = 0.0  # perf_counter() at the last timed start (0.0: none yet, or a warm-up step)
+        self.end_time = 0.0  # perf_counter() at the last timed stop
 
     def update_epoch_count(self) -> None:
         self.epoch_count += 1
         self.micro_step_count = 0
 
     def start(self) -> None:
+        self.initialized = True
         self.started = True
-        self._start = None
-        if self.global_step_count >= self.start_step:  # warm-up steps are not timed
+        self._timed = self.global_step_count >= self.start_step  # warm-up steps are not timed
+        if self._timed:
             if self._sync:
                 synchronize()
-            self._start = time.perf_counter()
+            self.start_time = time.perf_counter()
 
     def stop(self, global_step: bool = False, report_speed: bool = True) -> None:
         if not self.started:
@@ -198,11 +202,12 @@ class ThroughputTimer:
         self.micro_step_count += 1
         if global_step:
             self.global_step_count += 1
-        if self._start is None:
+        if not self._timed:
             return
         if self._sync:
             synchronize()
-        duration = time.perf_counter() - self._start
+        self.end_time = time.perf_counter()
+        duration = self.end_time - self.start_time
         self.total_elapsed_time += duration
         self.step_elapsed_time += duration
         if global_step:
