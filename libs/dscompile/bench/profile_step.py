@@ -1,7 +1,7 @@
 """Where one steady-state step of compiled ZeRO-3 (or eager ZeRO-3) goes, on the bench's 27M GPT, 2 gloo ranks:
 torch.profiler over one step after warm-up, top ops by self CPU time, plus the runtime's gather-wait seconds.
 
-    python libs/dscompile/bench/profile_step.py [--kind compiled_zero3|zero3] [--backend inductor] [--settings JSON]
+    python libs/dscompile/bench/profile_step.py [--kind compiled_zero3|zero3|zero1] [--backend inductor] [--settings JSON]
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from dsconfig import CompileConfig, ZeroConfig
 def run(rank: int, world: int, kind: str, backend: str, settings: dict) -> dict:
     torch.manual_seed(0)
     model = GPT()
-    cfg = ZeroConfig(stage=3, stage3_param_persistence_threshold=100_000, stage3_prefetch_bucket_size=5_000_000)
+    cfg = ZeroConfig(stage=1 if kind == "zero1" else 3, stage3_param_persistence_threshold=100_000, stage3_prefetch_bucket_size=5_000_000)
     zero = dszero.ZeroOptimizer(model, torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True), cfg)
     runtime = dscompile.deepcompile(model, zero, CompileConfig(deepcompile=True, **settings), backend=backend) \
         if kind == "compiled_zero3" else None
