@@ -1,7 +1,9 @@
 """DeepSpeed names its own unit tests use (issue 35, round 5: launcher/test_run.py, test_multinode_runner.py,
-test_ds_arguments.py, test_user_args.py), resolved under the alias and used: the runner's hostfile and filter
-parsers, `main(args=...)` raising, `parse_args` / `encode_world_info`, the multinode runner classes and
-`deepspeed.utils.numa.parse_range_list`. One subprocess: the alias is process-wide."""
+test_ds_arguments.py, test_user_args.py; checkpoint/test_zero_optimizer.py), resolved under the alias and used: the
+runner's hostfile and filter parsers, `main(args=...)` raising, `parse_args` / `encode_world_info`, the multinode
+runner classes, `deepspeed.utils.numa.parse_range_list`; the ZeRO optimizer's `state` and the engine's
+`_get_optimizer_ckpt_name` (the file of a saved checkpoint that holds the rank's optimizer state, which a load
+without optimizer states never asks for). One subprocess: the alias is process-wide."""
 
 from alias_snippet import run_alias_snippet
 
@@ -39,6 +41,34 @@ cmd, _, env = PDSHRunner(args, world).get_cmd(dict(os.environ), {"worker-0": 4})
 assert cmd[0] == "pdsh" and env["PDSH_RCMD_TYPE"] == "ssh"
 assert issubclass(PDSHRunner, MultiNodeRunner)
 assert parse_range_list("0,2-4,6,8-9") == [0, 2, 3, 4, 6, 8, 9]
+
+import sys
+from unittest.mock import patch
+import deepspeed, torch
+os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
+config = {"train_batch_size": 2, "optimizer": {"type": "Adam", "params": {"lr": 1e-3}}, "zero_optimization": {"stage": 2}}
+engines = []
+for seed in (0, 1):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+    engines.append(deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)[0])
+saved, loaded = engines
+loss = saved(torch.ones(2, 4)).sum()
+saved.backward(loss)
+saved.step()
+saved.save_checkpoint("ckpt", tag="t1")
+moments = [state["exp_avg"].clone() for state in saved.optimizer.state.values()]
+assert moments and all(m.abs().sum() > 0 for m in moments)
+path = saved._get_optimizer_ckpt_name("ckpt", "t1", 0)
+assert os.path.isfile(path) and path.endswith(".safetensors") and os.sep + "t1" + os.sep in path, path
+with patch.object(loaded, "_get_optimizer_ckpt_name", wraps=loaded._get_optimizer_ckpt_name) as asked:
+    loaded.load_checkpoint("ckpt", tag="t1", load_optimizer_states=False)
+    asked.assert_not_called()
+assert all(not state for state in loaded.optimizer.state.values())  # no moments loaded
+loaded.load_checkpoint("ckpt", tag="t1")
+for before, state in zip(moments, loaded.optimizer.state.values()):
+    assert torch.equal(before, state["exp_avg"])
+assert loaded.optimizer.param_groups[0]["betas"] == saved.optimizer.param_groups[0]["betas"]
 print("ok")
 """
 
