@@ -3,7 +3,9 @@ test_ds_arguments.py, test_user_args.py; checkpoint/test_zero_optimizer.py), res
 runner's hostfile and filter parsers, `main(args=...)` raising, `parse_args` / `encode_world_info`, the multinode
 runner classes, `deepspeed.utils.numa.parse_range_list`; the ZeRO optimizer's `state` and the engine's
 `_get_optimizer_ckpt_name` (the file of a saved checkpoint that holds the rank's optimizer state, which a load
-without optimizer states never asks for). One subprocess: the alias is process-wide."""
+without optimizer states never asks for); `deepspeed.runtime.checkpoint_engine`'s TorchCheckpointEngine, which
+`PipelineModule.save_state_dict` / `load_state_dir` take (checkpoint/test_pipeline.py). One subprocess: the alias
+is process-wide."""
 
 from alias_snippet import run_alias_snippet
 
@@ -69,6 +71,32 @@ loaded.load_checkpoint("ckpt", tag="t1")
 for before, state in zip(moments, loaded.optimizer.state.values()):
     assert torch.equal(before, state["exp_avg"])
 assert loaded.optimizer.param_groups[0]["betas"] == saved.optimizer.param_groups[0]["betas"]
+
+from deepspeed.pipe import LayerSpec, PipelineModule
+from deepspeed.runtime.checkpoint_engine import CheckpointEngine
+from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
+ckpt_engine = TorchCheckpointEngine()
+assert isinstance(ckpt_engine, CheckpointEngine) and ckpt_engine.is_data_parallel_writer(0)
+ckpt_engine.save({"w": torch.arange(3.0), "n": 3, "s": "x", "l": [1, {"t": torch.ones(2)}]}, "state.safetensors")
+back = ckpt_engine.load("state.safetensors", map_location="cpu")
+assert torch.equal(back["w"], torch.arange(3.0)) and (back["n"], back["s"]) == (3, "x")
+assert torch.equal(back["l"][1]["t"], torch.ones(2))
+with open("state.safetensors", "rb") as handle:
+    assert not handle.read(8).startswith(b"PK")  # not a torch.save zip: nothing to unpickle
+modules = []
+for seed in (0, 1):
+    torch.manual_seed(seed)
+    modules.append(PipelineModule(layers=[LayerSpec(torch.nn.Linear, 4, 4), LayerSpec(torch.nn.Linear, 4, 1)],
+                                  num_stages=1))
+modules[0].save_state_dict("pipe_ckpt", checkpoint_engine=ckpt_engine)
+assert sorted(os.listdir("pipe_ckpt")) == ["layer_00-model_states.safetensors", "layer_01-model_states.safetensors"]
+modules[1].load_state_dir("pipe_ckpt", checkpoint_engine=ckpt_engine)
+for a, b in zip(modules[0].parameters(), modules[1].parameters()):
+    assert torch.equal(a, b)
+pipe_engine = deepspeed.initialize(model=modules[1], model_parameters=modules[1].parameters(), config={
+    "train_batch_size": 2, "train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "Adam"}})[0]
+assert type(pipe_engine).__name__ == "PipelineEngine"
+pipe_engine.empty_partition_cache()  # as on DeepSpeedEngine, which DeepSpeed's PipelineEngine subclasses
 print("ok")
 """
 

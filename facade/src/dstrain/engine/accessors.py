@@ -124,6 +124,12 @@ class EngineAccessors:
         that config key is not part of dstrain (refused by name), so every gradient is reduced dense."""
         return set()
 
+    def empty_partition_cache(self) -> None:
+        """Release the ZeRO-3 parameters left gathered (the forward's, the prefetch's), between steps; nothing to
+        release below stage 3 (pipelines run at stages 0-1)."""
+        if self.optimizer is not None:
+            self.optimizer.empty_partition_cache()
+
     def _get_optimizer_ckpt_name(self, checkpoints_path: Any, tag: Any, expp_rank: int = 0) -> str:
         """The file of the checkpoint `checkpoints_path/tag` that holds this rank's optimizer state: its ZeRO
         shard (DeepSpeed's private name, which its tests patch to see a load read no optimizer state). Experts'
