@@ -103,3 +103,35 @@ print("ok")
 
 def test_round5_launcher_paths_resolve_under_the_alias_and_work(tmp_path):
     run_alias_snippet(SNIPPET, tmp_path)
+
+
+def test_the_cpu_accelerators_random_forks_the_cpu_generator():
+    """runtime/pipe/test_pipe.py trains inside `get_accelerator().random().fork_rng(devices=[...],
+    device_type=get_accelerator().device_name())`: on the CPU, torch's own fork_rng looks for torch.cpu's device
+    generator, which does not exist."""
+    import torch
+
+    from dstrain.accelerator.cpu import CpuAccelerator
+
+    accelerator = CpuAccelerator()
+    random = accelerator.random()
+    assert random.get_rng_state is torch.random.get_rng_state and random.manual_seed is torch.random.manual_seed
+    torch.manual_seed(1)
+    expected = torch.rand(3)
+    torch.manual_seed(1)
+    with random.fork_rng(devices=[accelerator.current_device_name()], device_type=accelerator.device_name()):
+        torch.manual_seed(5)
+        inside = torch.rand(3)
+    assert torch.equal(torch.rand(3), expected) and not torch.equal(inside, expected)  # the state came back
+    torch.manual_seed(1)
+    with random.fork_rng(enabled=False, device_type="cpu"):
+        torch.rand(3)
+    assert not torch.equal(torch.rand(3), expected)  # disabled: nothing restored
+    torch.manual_seed(1)
+    try:
+        with random.fork_rng(device_type="cpu"):
+            torch.rand(3)
+            raise KeyError("inside")
+    except KeyError:
+        pass
+    assert torch.equal(torch.rand(3), expected)  # restored on an exception too
