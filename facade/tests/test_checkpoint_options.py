@@ -53,6 +53,29 @@ def test_load_module_only_takes_weights_and_nothing_else(tmp_path, stage, extra)
         assert ok and client == {} and steps == 0 and state_empty and same
 
 
+def skipped_steps_without_optimizer_states(rank, world, directory, stage, reshard):
+    fp16 = {"fp16": {"enabled": True, "initial_scale_power": 24, "hysteresis": 1}}  # 2**24 overflows: skips
+    engine = _engine(stage, **fp16)
+    _step(engine, 3)
+    engine.save_checkpoint(directory, tag="t1")
+    counters = (engine.global_steps, engine.skipped_steps)
+    # Another stage is another layout: the checkpoint is read whole and cut for this run.
+    fresh = _engine(1 if reshard else stage, seed=5, **fp16)
+    fresh.load_checkpoint(directory, load_optimizer_states=False)
+    state_empty = all(len(v) == 0 for v in fresh.basic_optimizer.state.values())
+    module_only = _engine(stage, seed=5, **fp16)
+    module_only.load_checkpoint(directory, load_module_only=True)
+    return counters, (fresh.global_steps, fresh.skipped_steps), state_empty, module_only.skipped_steps
+
+
+@pytest.mark.parametrize(("stage", "reshard"), [(2, False), (0, False), (2, True)])
+def test_skipped_steps_come_back_with_global_steps_without_optimizer_states(tmp_path, stage, reshard):
+    for saved, loaded, state_empty, module_only in run_ranks(skipped_steps_without_optimizer_states, 2,
+                                                             str(tmp_path), stage, reshard):
+        assert saved[1] >= 1 and loaded == saved  # DeepSpeed's engine counters: both come back, states or not
+        assert state_empty and module_only == 0  # the moments stay out; load_module_only takes no counter
+
+
 def different_tags(rank, world, directory, mode):
     engine = _engine(checkpoint={"tag_validation": mode})
     try:

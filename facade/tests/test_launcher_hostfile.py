@@ -6,8 +6,16 @@ import shlex
 
 import pytest
 
-from dstrain.launcher import HostfileError, LaunchError, parse_hostfile, parse_hostfile_text, select_resources
-from dstrain.launcher.cli import build_parser, local_gpu_count, main, plan
+from dstrain.launcher import (
+    FilterError,
+    HostfileError,
+    LaunchError,
+    filter_resources,
+    parse_hostfile,
+    parse_hostfile_text,
+    select_resources,
+)
+from dstrain.launcher.cli import build_parser, launch, local_gpu_count, main, plan
 from dstrain.launcher.commands import exported_environment, node_argv
 
 HOSTS = {"worker-0": 4, "worker-1": 4, "worker-2": 2}
@@ -84,6 +92,37 @@ def test_filter_errors(kwargs, message):
     with pytest.raises(LaunchError) as info:
         select_resources(HOSTS, **kwargs)
     assert message in str(info.value)
+
+
+def test_filter_errors_are_value_errors():
+    for kwargs in ({"include": "worker-0", "exclude": "worker-1"}, {"exclude": "worker-0", "num_procs": 1},
+                   {"include": "worker-9"}, {"exclude": "worker-2:5"}, {"include": "worker-0:x"}):
+        with pytest.raises(FilterError) as info:
+            select_resources(HOSTS, **kwargs)
+        assert isinstance(info.value, ValueError) and isinstance(info.value, LaunchError)
+
+
+def test_filter_resources_takes_slot_ids_and_may_leave_nothing():
+    pool = {"worker-0": [0, 2, 5], "worker-1": [1, 3]}
+    assert filter_resources(pool) == pool and filter_resources(pool) is not pool
+    assert filter_resources(pool, include="worker-1@worker-0:5,2@worker-0:0") == {"worker-0": [0, 2, 5],
+                                                                                 "worker-1": [1, 3]}
+    assert list(filter_resources(pool, include="worker-1@worker-0:5")) == ["worker-0", "worker-1"]  # pool order
+    assert filter_resources(pool, exclude="worker-0:2@worker-1") == {"worker-0": [0, 5]}
+    assert filter_resources(pool, exclude="worker-0@worker-1:1,3") == {}  # no error: the caller decides
+    with pytest.raises(FilterError, match=r"worker-0 has slots 0, 2, 5, not 1"):
+        filter_resources(pool, include="worker-0:1")
+    with pytest.raises(FilterError, match=r"worker-1 has slots 0\.\.1, not 2"):
+        filter_resources({"worker-1": [0, 1]}, exclude="worker-1:2")
+
+
+@pytest.mark.parametrize("argv", [["--num_nodes", "1", "-i", "localhost"], ["--num_gpus", "1", "-e", "localhost"],
+                                  ["--num_procs", "2", "--include", "localhost:0"]])
+def test_a_filter_with_a_count_is_refused_without_a_hostfile_too(argv, capsys):
+    with pytest.raises(FilterError, match="cannot be combined with --num_nodes/--num_gpus/--num_procs"):
+        launch([*argv, "train.py"])  # nothing starts: the refusal comes before any process
+    assert main([*argv, "train.py"]) == 2
+    assert "dstrain: error: --include/--exclude cannot be combined" in capsys.readouterr().err
 
 
 def _plan(*argv: str, environ: dict[str, str] | None = None):

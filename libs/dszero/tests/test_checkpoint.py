@@ -157,3 +157,32 @@ def test_every_shard_and_the_meta_carry_the_callers_record(tmp_path):
         metadata = dsaio.read_metadata(tmp_path / "ck" / f"zero_shard_{rank:05d}-of-00002.safetensors")
         assert json.loads(metadata[dszero.checkpoint.RECORD]) == {"run": "r1", "rank": rank}
     assert dszero.checkpoint.read_meta(tmp_path / "ck")[dszero.checkpoint.RECORD] == {"run": "r1", "rank": 0}
+
+
+def _reload_groups_state_and_files(rank, world, stage, directory):
+    model, zero = make_zero(stage)
+    for step in range(2):
+        train_step(model, zero, step, rank, world)
+    zero.save(directory)
+    saved_state = {k: {kk: vv.clone() for kk, vv in v.items()} for k, v in zip(range(99), zero.state.values())}
+    model, zero = make_zero(stage, seed=7)
+    assert isinstance(zero.param_groups[0]["betas"], tuple)
+    zero.load(directory)
+    loaded_state = dict(zip(range(99), zero.state.values()))
+    return (zero.param_groups[0]["betas"], zero.state is zero.optimizer.state, saved_state, loaded_state,
+            dszero.checkpoint.shard_path(zero, directory), sorted(p.name for p in directory.iterdir()))
+
+
+@pytest.mark.parametrize("stage", [0, 2, 3])
+def test_a_load_keeps_tuple_hyperparameters_and_the_state_reads_back(tmp_path, stage):
+    directory = tmp_path / "ckpt"
+    results = run_ranks(_reload_groups_state_and_files, 2, stage, directory, timeout=120)
+    for rank, (betas, same, saved_state, loaded_state, shard, files) in enumerate(results):
+        assert betas == (0.9, 0.999) and isinstance(betas, tuple)  # not the list its JSON record holds
+        assert same and saved_state and saved_state.keys() == loaded_state.keys()
+        for key, kinds in saved_state.items():  # `state`: the wrapped optimizer's (Adam's moments, the step)
+            assert kinds.keys() == loaded_state[key].keys()
+            for kind, tensor in kinds.items():
+                torch.testing.assert_close(loaded_state[key][kind], tensor, rtol=0, atol=0)
+        assert shard.parent == directory and shard.name in files  # the file that holds this rank's state
+        assert shard.name == f"zero_shard_{rank if stage else 0:05d}-of-00002.safetensors"

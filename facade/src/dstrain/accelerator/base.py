@@ -3,9 +3,11 @@ every backend shares. A backend names its device type and its torch module; the 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
-from collections.abc import Callable
+import types
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -43,7 +45,9 @@ class Accelerator:
 
     # ------------------------------------------------------------------ random numbers
     def random(self) -> Any:
-        return torch.random
+        """torch.random, whose `fork_rng(device_type="cpu")` (what DeepSpeed's scripts pass as the accelerator's
+        device name on a CPU) forks the CPU generator instead of looking for a `torch.cpu` device generator."""
+        return _HOST_RANDOM
 
     def manual_seed(self, seed: int) -> Any:
         return torch.manual_seed(seed)
@@ -145,3 +149,27 @@ class Accelerator:
 
 def local_rank() -> int:
     return int(os.environ.get("LOCAL_RANK", 0))
+
+
+@contextlib.contextmanager
+def _fork_rng(devices: Any = None, enabled: bool = True, _caller: str = "fork_rng",
+              _devices_kw: str = "devices", device_type: str = "cuda") -> Iterator[None]:
+    """torch.random.fork_rng, where device_type "cpu" means the CPU generator alone: torch always forks it, and
+    has no `torch.cpu` generator to fork beside it (its own fork_rng fails there for want of get_rng_state)."""
+    if device_type != "cpu":
+        with torch.random.fork_rng(devices, enabled, _caller, _devices_kw, device_type):
+            yield
+        return
+    if not enabled:
+        yield
+        return
+    state = torch.get_rng_state()
+    try:
+        yield
+    finally:
+        torch.set_rng_state(state)
+
+
+_HOST_RANDOM = types.SimpleNamespace(**{name: getattr(torch.random, name) for name in dir(torch.random)
+                                        if not name.startswith("__")})
+_HOST_RANDOM.fork_rng = _fork_rng

@@ -88,6 +88,8 @@ class OptimizerState:
         directory = saved.directory_of(self.layout.place()) / ZERO_DIR
         if not options.module_only:
             zero.load(directory, load_optimizer_states=options.optimizer_states)
+            if not options.optimizer_states:  # a progress counter, restored with global_steps (Progress)
+                zero.skipped_steps = int(read_meta(directory).get("skipped_steps", zero.skipped_steps))
         elif not zero.partitions_parameters:
             zero.masters_from_module()  # the module's weights, just loaded, are the truth
         elif options.custom_load_fn is None:  # stage 3: the weights are ZeRO's (a custom load wrote them through)
@@ -115,6 +117,7 @@ class OptimizerState:
             _set_hyperparameters(zero.param_groups, whole.param_groups)
             if whole.loss_scaler is not None:
                 zero.scaler.load_state_dict(whole.loss_scaler)
+        if not options.module_only:  # a progress counter, restored with global_steps (Progress), states or not
             zero.skipped_steps = int(whole.progress.get("skipped_steps", zero.skipped_steps))
 
 

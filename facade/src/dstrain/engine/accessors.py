@@ -129,6 +129,28 @@ class EngineAccessors:
         that config key is not part of dstrain (refused by name), so every gradient is reduced dense."""
         return set()
 
+    def empty_partition_cache(self) -> None:
+        """Release the ZeRO-3 parameters left gathered (the forward's, the prefetch's), between steps; nothing to
+        release below stage 3 (pipelines run at stages 0-1)."""
+        if self.optimizer is not None:
+            self.optimizer.empty_partition_cache()
+
+    def _get_optimizer_ckpt_name(self, checkpoints_path: Any, tag: Any, expp_rank: int = 0) -> str:
+        """The file of the checkpoint `checkpoints_path/tag` that holds this rank's optimizer state: its ZeRO
+        shard (DeepSpeed's private name, which its tests patch to see a load read no optimizer state). Experts'
+        state is in the same shard, so `expp_rank` (DeepSpeed's per-expert-rank file) changes nothing."""
+        from pathlib import Path
+
+        import dszero.checkpoint
+
+        from ..checkpoint.files import ZERO_DIR
+        from ..checkpoint.layout import RunLayout
+
+        if self.optimizer is None:
+            raise DstrainError("_get_optimizer_ckpt_name: this engine has no optimizer, so no optimizer state")
+        directory = RunLayout.of(self._parts).shard_directory(Path(checkpoints_path) / str(tag)) / ZERO_DIR
+        return str(dszero.checkpoint.shard_path(self.optimizer, directory))
+
     @property
     def skipped_steps(self) -> int:
         return self.optimizer.skipped_steps if self.optimizer is not None else 0

@@ -141,11 +141,6 @@ class DeepSpeedEngine(EngineAccessors, torch.nn.Module):
         """Override the boundary (e.g. at the end of an epoch); None returns to counting micro-steps."""
         self._progress.boundary_override = is_boundary
 
-    def empty_partition_cache(self) -> None:
-        """Release the ZeRO-3 parameters left gathered (the forward's, the prefetch's), between steps."""
-        if self.optimizer is not None:
-            self.optimizer.empty_partition_cache()
-
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
         """Backward passes inside accumulate gradients on this rank only (DDP's no_sync, DeepSpeed's): at ZeRO

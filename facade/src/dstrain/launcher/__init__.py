@@ -2,8 +2,8 @@
 mpirun / srun for the job (`--launcher openmpi|mpich|impi|mvapich|slurm`)."""
 
 from ._proctree import dies_with_parent
-from .errors import HostfileError, LaunchError
-from .hostfile import parse_hostfile, parse_hostfile_text, select_resources
+from .errors import FilterError, HostfileError, LaunchError
+from .hostfile import filter_resources, parse_hostfile, parse_hostfile_text, select_resources
 
-__all__ = ["HostfileError", "LaunchError", "dies_with_parent", "parse_hostfile", "parse_hostfile_text",
-           "select_resources"]
+__all__ = ["FilterError", "HostfileError", "LaunchError", "dies_with_parent", "filter_resources", "parse_hostfile",
+           "parse_hostfile_text", "select_resources"]

@@ -118,8 +118,28 @@ def plan(args: argparse.Namespace, environ: dict[str, str] | None = None) -> tup
         if args.num_nodes not in (None, 1):
             raise LaunchError(f"--num_nodes {args.num_nodes} needs a --hostfile listing the machines")
         slots = per_node or local_gpu_count(environ) or 1
-        resources = select_resources({"localhost": slots}, args.include, args.exclude)
+        # The counts go in too, so that a filter with a count is refused here as with a hostfile.
+        resources = select_resources({"localhost": slots}, args.include, args.exclude, args.num_nodes, per_node)
         visible_devices = bool(args.include or args.exclude)  # otherwise keep the user's own setting
+    job = job_for(args, resources, visible_devices, environ)
+    nodes = job.nodes
+    if args.no_ssh:
+        if args.node_rank is None or not 0 <= args.node_rank < len(nodes):
+            raise LaunchError(f"--no_ssh needs --node_rank between 0 and {len(nodes) - 1} (this machine's place "
+                              "in the hostfile)")
+        if args.master_addr is None and len(nodes) > 1:
+            raise LaunchError("--no_ssh across machines needs --master_addr (the address of node 0)")
+        mine = nodes[args.node_rank]
+        return job, [Node(mine.host, mine.rank, mine.slots, True)]
+    if args.node_rank is not None:
+        raise LaunchError("--node_rank is only for --no_ssh, where each machine starts its own node")
+    return job, list(nodes)
+
+
+def job_for(args: argparse.Namespace, resources: dict[str, list[int]], visible_devices: bool = True,
+            environ: dict[str, str] | None = None) -> Job:
+    """The Job the command line `args` asks for on `resources` (host -> slot ids, the hosts in node order)."""
+    environ = dict(os.environ if environ is None else environ)
     force_local = args.launcher == "local"
     nodes = tuple(Node(host, rank, tuple(slots), force_local or is_local_host(host))
                   for rank, (host, slots) in enumerate(resources.items()))
@@ -157,17 +177,7 @@ def plan(args: argparse.Namespace, environ: dict[str, str] | None = None) -> tup
               extra_env={**exported_environment(environ), **({"DSTRAIN_DEEPSPEED_ALIAS": "0"}
                                                               if args.no_deepspeed_alias else {})},
               grace=args.stop_grace, bind_cores=core_binding(args, nodes), launcher_args=launcher_args)
-    if args.no_ssh:
-        if args.node_rank is None or not 0 <= args.node_rank < len(nodes):
-            raise LaunchError(f"--no_ssh needs --node_rank between 0 and {len(nodes) - 1} (this machine's place "
-                              "in the hostfile)")
-        if args.master_addr is None and len(nodes) > 1:
-            raise LaunchError("--no_ssh across machines needs --master_addr (the address of node 0)")
-        mine = nodes[args.node_rank]
-        return job, [Node(mine.host, mine.rank, mine.slots, True)]
-    if args.node_rank is not None:
-        raise LaunchError("--node_rank is only for --no_ssh, where each machine starts its own node")
-    return job, list(nodes)
+    return job
 
 
 def mpi_job(args: argparse.Namespace, job: Job, environ: dict[str, str] | None = None) -> mpi.MpiJob:
@@ -230,29 +240,36 @@ def joined_launcher_args(parser: argparse.ArgumentParser, argv: list[str]) -> li
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The `dstrain` command: a bad command line is one `dstrain: error:` line and exit status 2."""
+    try:
+        return launch(argv)
+    except LaunchError as exc:
+        print(f"dstrain: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def launch(argv: list[str] | None = None) -> int:
+    """Parse `argv` (default: this process's arguments) and run the job; a LaunchError (a FilterError or a
+    HostfileError, both ValueErrors, for a bad filter or hostfile) when it cannot start as asked."""
     parser = build_parser()
     args = parser.parse_args(joined_launcher_args(parser, sys.argv[1:] if argv is None else argv))
     if args.autotuning:
         from ..autotuning.command import main as autotuning_main  # imports torch: only when asked
 
         return autotuning_main(args, parser)
-    try:
-        job, to_start = plan(args)
-        if args.launcher in MPI_LAUNCHERS:
-            return run_mpi(mpi_job(args, job), args.dry_run)
-        shell = remote_shell_for(args.launcher)
-        if args.dry_run:
-            for node in to_start:
-                print(f"# node {node.rank} ({node.host}, slots {','.join(map(str, node.slots))})")
-                print(node_argv_display(job, node, shell, args.ssh_port))
-            return 0
-        if not args.no_ssh_check:
-            check_reachable([n.host for n in to_start if not n.local], shell, args.ssh_port,
-                            options=job.launcher_args)
-        return Supervisor(node_launches(job, to_start, shell, args.ssh_port), job.cwd, job.grace).run()
-    except LaunchError as exc:
-        print(f"dstrain: error: {exc}", file=sys.stderr)
-        return 2
+    job, to_start = plan(args)
+    if args.launcher in MPI_LAUNCHERS:
+        return run_mpi(mpi_job(args, job), args.dry_run)
+    shell = remote_shell_for(args.launcher)
+    if args.dry_run:
+        for node in to_start:
+            print(f"# node {node.rank} ({node.host}, slots {','.join(map(str, node.slots))})")
+            print(node_argv_display(job, node, shell, args.ssh_port))
+        return 0
+    if not args.no_ssh_check:
+        check_reachable([n.host for n in to_start if not n.local], shell, args.ssh_port,
+                        options=job.launcher_args)
+    return Supervisor(node_launches(job, to_start, shell, args.ssh_port), job.cwd, job.grace).run()
 
 
 def run_mpi(mj: mpi.MpiJob, dry_run: bool = False) -> int:

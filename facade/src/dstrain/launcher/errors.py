@@ -7,3 +7,7 @@ class LaunchError(RuntimeError):
 
 class HostfileError(LaunchError, ValueError):
     """A hostfile line is malformed; the message names the file and line."""
+
+
+class FilterError(LaunchError, ValueError):
+    """An `--include` / `--exclude` filter is malformed, names what the hosts lack, or is combined with a count."""

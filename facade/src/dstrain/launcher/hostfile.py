@@ -11,7 +11,7 @@ import ipaddress
 import re
 from pathlib import Path
 
-from .errors import HostfileError, LaunchError
+from .errors import FilterError, HostfileError, LaunchError
 
 Resources = dict[str, list[int]]  # host -> slot ids it runs, in hostfile order
 
@@ -90,19 +90,25 @@ def parse_hostfile_text(text: str, source: str = "<hostfile>") -> dict[str, int]
     return hosts
 
 
-def parse_filter(spec: str, hosts: dict[str, int], option: str) -> dict[str, list[int] | None]:
-    """Parse `host1@host2:0,2` into {host: slot ids, or None for every slot}, checked against `hosts`."""
+def _slot_text(slots: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0..2' when contiguous from 0, else '0, 1, 2, 5' (for messages)."""
+    return f"0..{len(slots) - 1}" if slots == list(range(len(slots))) else ", ".join(map(str, slots))
+
+
+def parse_filter(spec: str, resources: Resources, option: str) -> dict[str, list[int] | None]:
+    """Parse `host1@host2:0,2` into {host: slot ids, or None for every slot}, checked against `resources`
+    (host -> the slot ids it has)."""
     chosen: dict[str, list[int] | None] = {}
     for part in spec.split("@"):
         part = part.strip()
         if not part:
-            raise LaunchError(f"{option} {spec!r}: empty host entry (hosts are joined by '@')")
+            raise FilterError(f"{option} {spec!r}: empty host entry (hosts are joined by '@')")
         host, _, slot_text = part.partition(":")
         if not is_host(host):
-            raise LaunchError(f"{option} {spec!r}: {host!r} is not a host name or address; expected {HOST_RULE}")
-        if host not in hosts:
-            raise LaunchError(f"{option} {spec!r}: host {host!r} is not in the hostfile "
-                              f"(hosts: {', '.join(hosts)})")
+            raise FilterError(f"{option} {spec!r}: {host!r} is not a host name or address; expected {HOST_RULE}")
+        if host not in resources:
+            raise FilterError(f"{option} {spec!r}: host {host!r} is not in the hostfile "
+                              f"(hosts: {', '.join(resources)})")
         if not slot_text:
             chosen[host] = None  # every slot
             continue
@@ -111,15 +117,38 @@ def parse_filter(spec: str, hosts: dict[str, int], option: str) -> dict[str, lis
             try:
                 slot = int(item)
             except ValueError:
-                raise LaunchError(f"{option} {spec!r}: slot {item!r} of {host} is not an integer") from None
-            if not 0 <= slot < hosts[host]:
-                raise LaunchError(f"{option} {spec!r}: {host} has slots 0..{hosts[host] - 1}, not {slot}")
+                raise FilterError(f"{option} {spec!r}: slot {item!r} of {host} is not an integer") from None
+            if slot not in resources[host]:
+                raise FilterError(f"{option} {spec!r}: {host} has slots {_slot_text(resources[host])}, not {slot}")
             if slot not in slots:
                 slots.append(slot)
         if host in chosen and chosen[host] is None:
             continue  # the host was already named whole
         chosen[host] = sorted({*(chosen.get(host) or []), *slots})
     return chosen
+
+
+def filter_resources(resources: Resources, include: str = "", exclude: str = "") -> Resources:
+    """`resources` (host -> slot ids) narrowed by an `--include` or an `--exclude` filter, in `resources`'
+    order; it may come out empty (everything excluded). A bad filter is a FilterError (a ValueError)."""
+    if include and exclude:
+        raise FilterError("--include and --exclude cannot be used together; use one of them")
+    if include:
+        chosen = parse_filter(include, resources, "--include")
+        return {h: (list(slots) if chosen[h] is None else chosen[h]) for h, slots in resources.items()
+                if h in chosen}
+    if exclude:
+        dropped = parse_filter(exclude, resources, "--exclude")
+        result: Resources = {}
+        for host, slots in resources.items():
+            gone = dropped.get(host, [])
+            if gone is None:
+                continue
+            kept = [s for s in slots if s not in gone]
+            if kept:
+                result[host] = kept
+        return result
+    return {h: list(slots) for h, slots in resources.items()}
 
 
 def select_resources(hosts: dict[str, int], include: str = "", exclude: str = "",
@@ -130,28 +159,12 @@ def select_resources(hosts: dict[str, int], include: str = "", exclude: str = ""
     host). `num_nodes` keeps the first N hosts and `num_procs` the first N slots of each. Filters
     and counts do not combine, as in DeepSpeed.
     """
-    if include and exclude:
-        raise LaunchError("--include and --exclude cannot be used together; use one of them")
     if (include or exclude) and (num_nodes is not None or num_procs is not None):
-        raise LaunchError("--include/--exclude cannot be combined with --num_nodes/--num_gpus/--num_procs; "
+        raise FilterError("--include/--exclude cannot be combined with --num_nodes/--num_gpus/--num_procs; "
                           "name the slots in the filter instead")
     everything: Resources = {host: list(range(slots)) for host, slots in hosts.items()}
-    if include:
-        chosen = parse_filter(include, hosts, "--include")
-        result = {h: (everything[h] if s is None else s) for h, s in chosen.items()}
-        result = {h: result[h] for h in hosts if h in result}  # hostfile order, not filter order
-    elif exclude:
-        dropped = parse_filter(exclude, hosts, "--exclude")
-        result = {}
-        for host, slots in everything.items():
-            gone = dropped.get(host, [])
-            if gone is None:
-                continue
-            kept = [s for s in slots if s not in gone]
-            if kept:
-                result[host] = kept
-    else:
-        result = dict(everything)
+    result = filter_resources(everything, include, exclude)
+    if not (include or exclude):
         if num_nodes is not None:
             if num_nodes <= 0 or num_nodes > len(hosts):
                 raise LaunchError(f"--num_nodes {num_nodes}: the hostfile has {len(hosts)} host(s)")

@@ -246,6 +246,13 @@ class ZeroOptimizer:
         return self.optimizer.param_groups
 
     @property
+    def state(self) -> Any:
+        """The wrapped optimizer's state (Adam's exp_avg / exp_avg_sq ...), keyed by this rank's master partitions
+        (`master_partitions`), as DeepSpeed's ZeRO optimizers expose their wrapped optimizer's. Under NVMe
+        optimizer offload its tensors are empty placeholders between steps (state_dict() reads them whole)."""
+        return self.optimizer.state
+
+    @property
     def loss_scaler(self) -> Any:
         """DeepSpeed's name for the loss scaler (`cur_scale`, and `cur_iter` / `scale_window` when dynamic)."""
         return self.scaler

@@ -99,6 +99,21 @@ def save(zero: ZeroOptimizer, directory: str | os.PathLike, *, node_local: bool 
     return final
 
 
+def _as_json_read(saved: dict[str, Any], current: dict[str, Any]) -> dict[str, Any]:
+    """The saved hyperparameters, with the tuples JSON turned into lists (Adam's betas) tuples again where the
+    optimizer's own value is one, so a loaded optimizer's groups read as they did when saved."""
+    return {key: tuple(value) if isinstance(value, list) and isinstance(current.get(key), tuple) else value
+            for key, value in saved.items()}
+
+
+def shard_path(zero: ZeroOptimizer, directory: str | os.PathLike) -> Path:
+    """The file of the ZeRO checkpoint `directory` that holds this rank's optimizer state (master weights and the
+    optimizer's per-element state): its own shard where the stage partitions the state, else (stage 0, state
+    replicated) the shard of the group's first rank, which writes it."""
+    own = any(_writes(zero, group, node_local=False) for group in zero.groups)
+    return checkpoint_directory(directory) / shard_name(zero.rank if own else 0, zero.world)
+
+
 def _writes(zero: ZeroOptimizer, group: Any, node_local: bool) -> bool:
     """As the stage saves (policies/save.py): partitioned groups every rank its shard, replicated ones
     their group's rank 0 (and with node-local storage every node's local rank 0 too)."""
@@ -198,7 +213,8 @@ def load(zero: ZeroOptimizer, directory: str | os.PathLike, load_optimizer_state
                 optimizer_state[position] = per_param
     if load_optimizer_states:
         current = zero.optimizer.state_dict()["param_groups"]
-        groups = [{**hyper, "params": group["params"]} for hyper, group in zip(meta["param_groups"], current)]
+        groups = [{**_as_json_read(hyper, group), "params": group["params"]}
+                  for hyper, group in zip(meta["param_groups"], current)]
         zero.optimizer.load_state_dict({"state": optimizer_state, "param_groups": groups})
         zero.scaler.load_state_dict(meta["scaler"])
         zero.skipped_steps = int(meta.get("skipped_steps", 0))
