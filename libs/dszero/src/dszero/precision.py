@@ -97,6 +97,14 @@ class LossScaler:
         """DeepSpeed's name for the current scale."""
         return self.scale
 
+    # DeepSpeed's LossScaleConfig names (optimizer.loss_scale_config), for a fixed scale.
+    dynamic_loss_scale = property(lambda self: self.dynamic)
+    cur_iter = 0
+    scale_window = None
+    min_loss_scale = None
+    scale_factor = None
+    last_overflow_iter = None
+
     def state_dict(self) -> dict[str, Any]:
         return {"scale": self.scale}
 
@@ -123,6 +131,9 @@ class DynamicLossScaler(LossScaler):
     cur_iter = property(lambda self: self.steps)
     scale_window = property(lambda self: self.window)
     delayed_shift = property(lambda self: self.hysteresis)
+    min_loss_scale = property(lambda self: self.min_scale)
+    scale_factor = 2.0
+    last_overflow_iter = property(lambda self: self.last_overflow_step)
 
     def update(self, overflow: bool) -> None:
         if overflow:

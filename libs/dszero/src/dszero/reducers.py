@@ -34,6 +34,8 @@ class FlatReducer:
     dtype), so the gradient-sync controls have nothing to hold back here.
     """
 
+    holds_gradients_back = True  # nothing is communicated before the step
+
     def __init__(self, groups: list[FlatGroup], partition: bool, average: bool, comm_dtype: torch.dtype | None = None,
                  accum_dtype: torch.dtype | None = None):
         self.groups = groups
@@ -194,6 +196,8 @@ class BucketReducer:
     With gradient sync off, backward passes leave their gradients in `.grad` (accumulating) and
     launch nothing; the next synced backward, or `finish_backward()`, reduces everything.
     """
+
+    holds_gradients_back = True
 
     def __init__(self, groups: list[FlatGroup], bucket_numel: int, overlap: bool, average: bool,
                  grad_dtype: torch.dtype, wire_dtype: torch.dtype | None = None):
