@@ -4,7 +4,12 @@ block, step() and no_sync() refused inside, the boundary flag DeepSpeed keeps), 
 (runtime/half_precision/test_dynamic_loss_scale.py) and DeepSpeedCPUAdam's `adam_w_mode` (ops/adam/test_adamw.py).
 One subprocess: the alias is process-wide."""
 
+import pytest
+import torch
 from alias_snippet import run_alias_snippet
+
+import dstrain
+from dscomm.testing import run_ranks
 
 SNIPPET = r"""
 import dstrain.as_deepspeed
@@ -75,3 +80,21 @@ print("ok")
 
 def test_round5_precision_paths_resolve_under_the_alias_and_work(tmp_path):
     run_alias_snippet(SNIPPET, tmp_path)
+
+
+def _skipped_after_a_nan_gradient(rank, world, check):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 4)
+    engine, *_ = dstrain.initialize(model=model, model_parameters=model.parameters(), config={
+        "train_batch_size": 1, "optimizer": {"type": "Adam", "params": {"lr": 1e-2}},
+        "bf16": {"enabled": True, "check_grad_overflow": check}, "zero_optimization": {"stage": 1}})
+    engine.backward(engine(torch.ones(1, 4, dtype=torch.bfloat16)).sum() * float("nan"))
+    engine.step()
+    return engine.skipped_steps, all(bool(p.isfinite().all()) for p in engine.module.parameters())
+
+
+@pytest.mark.parametrize("check", [True, False])
+def test_a_bf16_step_with_non_finite_gradients_is_skipped_whatever_check_grad_overflow(check):
+    """bf16.check_grad_overflow (DeepSpeed's runtime/half_precision/test_zero_optim_overflow.py sets it) is accepted;
+    true is what dstrain does anyway, and false does not let a non-finite update through (dstrain's safety rule)."""
+    assert run_ranks(_skipped_after_a_nan_gradient, 1, check, timeout=120) == [(1, True)]
