@@ -19,13 +19,15 @@ def test_dynamic_scaler_follows_the_reference():
     assert scaler.scale == 16
     scaler.update(True)                      # second: halve
     assert scaler.scale == 8
-    for _ in range(3):                       # a window of clean steps: double
+    for _ in range(3):                       # a window of clean steps...
         scaler.update(False)
+    assert scaler.scale == 8
+    scaler.update(False)                     # ...then the next clean step doubles, as DeepSpeed's scaler does
     assert scaler.scale == 16
     for _ in range(10):
         scaler.update(True)
     assert scaler.scale == 2                 # never below min_loss_scale
-    assert (scaler.cur_scale, scaler.cur_iter, scaler.scale_window, scaler.delayed_shift) == (2, 15, 3, 2)
+    assert (scaler.cur_scale, scaler.cur_iter, scaler.scale_window, scaler.delayed_shift) == (2, 16, 3, 2)
 
 
 def test_static_scale_and_precision_from_config():

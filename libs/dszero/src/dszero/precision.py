@@ -113,7 +113,7 @@ class LossScaler:
 
 
 class DynamicLossScaler(LossScaler):
-    """Halve the scale on overflow (after `hysteresis` overflows), double it after `window` clean steps."""
+    """Halve the scale on overflow (after `hysteresis` overflows); double it at the step after `window` clean ones."""
 
     dynamic = True
 
@@ -145,7 +145,9 @@ class DynamicLossScaler(LossScaler):
         else:
             if self.consecutive_hysteresis:
                 self.hysteresis_left = self.hysteresis  # refill after any clean step
-            if (self.steps - self.last_overflow_step) % self.window == 0:
+            # The reference's count: a window of clean steps must have passed before this one doubles the scale.
+            stable = self.steps - self.last_overflow_step - 1
+            if stable > 0 and stable % self.window == 0:
                 if not self.consecutive_hysteresis:
                     self.hysteresis_left = self.hysteresis
                 self.scale *= 2
