@@ -139,6 +139,17 @@ class FlatReducer:
         """None: the gradients are reduced only at the step, so no rank holds its reduced shard before it."""
         return None
 
+    def set_reduced(self, index: int, param: torch.nn.Parameter, slot: Slot, value: torch.Tensor) -> None:
+        """Make the step's reduction of one parameter give `value` (flat, loss-scaled), given that every rank of
+        its group sets the same: each rank's own buffer holds its share of the sum the reduction takes."""
+        group, flat = self.groups[index], self.grad_flats[index]
+        world = dist.get_world_size(group.group)
+        divisor = (group.average_over or world) if self.average else 1
+        view = flat[slot.offset:slot.end]
+        view.copy_(value * (divisor / world))
+        # What _reattach would otherwise fold in or copy over it at the step: a hand-set or folded-away .grad.
+        param.grad = None if flat.dtype != group.dtype else view.view(slot.shape)
+
     def full_grad(self, index: int, slot: Slot, unscale: float) -> torch.Tensor:
         """One parameter's gradient as the step will apply it (reduced, averaged, unscaled), in fp32;
         collective over its group (the buffers are reduced only at the step, so a copy is reduced here)."""
