@@ -74,17 +74,3 @@ def test_an_exception_inside_the_block_reduces_nothing_and_the_step_still_applie
         assert reduced_in_block == 0
         assert bias_grad == [2.0] * 4  # both backward passes, averaged over identical ranks
 
-
-def test_loss_scale_config_is_the_scaler_under_deepspeeds_names():
-    def run(rank, world):
-        model = torch.nn.Linear(4, 4).half()
-        zero = dszero.ZeroOptimizer(model, torch.optim.SGD(model.parameters(), lr=1.0), ZeroConfig(stage=1),
-                                    precision=dszero.Precision("fp16", initial_scale_power=5, loss_scale_window=3,
-                                                               min_loss_scale=0.5))
-        config = zero.loss_scale_config
-        fixed = dszero.Precision("bf16").make_scaler()  # what a bf16 or fp32 optimizer's loss_scale_config is
-        return (config.dynamic_loss_scale, config.cur_scale, config.scale_window, config.min_loss_scale,
-                config.cur_iter, fixed.dynamic_loss_scale, fixed.cur_scale, fixed.min_loss_scale)
-
-    for values in run_ranks(run, 1, timeout=60):
-        assert values == (True, 32.0, 3, 0.5, 0, False, 1.0, None)

@@ -97,6 +97,8 @@ class LossScaler:
         """DeepSpeed's name for the current scale."""
         return self.scale
 
+    loss_scale = property(lambda self: self.scale)  # DeepSpeed's loss scalers' other name for it
+
     # DeepSpeed's LossScaleConfig names (optimizer.loss_scale_config), for a fixed scale.
     dynamic_loss_scale = property(lambda self: self.dynamic)
     cur_iter = 0
