@@ -42,7 +42,7 @@ def train(rank, world, stage=2, steps=4, optimizer=ADAMW, offload=True, client=F
 @pytest.mark.parametrize("stage", [1, 2, 3])
 def test_config_adamw_under_cpu_offload_steps_with_cpu_adam(stage):
     offloaded, on_device = (run_ranks(train, 2, stage, offload=flag)[0] for flag in (True, False))
-    assert offloaded["optimizer"] == "CPUAdam" and on_device["optimizer"] == "AdamW"
+    assert offloaded["optimizer"] == "DeepSpeedCPUAdam" and on_device["optimizer"] == "AdamW"
     assert offloaded["states"] == [("torch.float32", "cpu")] and offloaded["masters"] == [("torch.float32", "cpu")]
     # The same update as torch's AdamW on the device (the kernel's arithmetic mirrors it).
     assert offloaded["losses"] == pytest.approx(on_device["losses"], rel=1e-4)
@@ -53,7 +53,7 @@ def test_adam_with_torch_adam_true_keeps_torch_under_offload():
     adam = {"type": "Adam", "params": {"lr": 1e-2, "torch_adam": True}}
     assert run_ranks(train, 1, optimizer=adam)[0]["optimizer"] == "AdamW"  # Adam's adam_w_mode default: AdamW
     adam = {"type": "Adam", "params": {"lr": 1e-2, "adam_w_mode": False}}
-    assert run_ranks(train, 1, optimizer=adam)[0]["optimizer"] == "CPUAdam"
+    assert run_ranks(train, 1, optimizer=adam)[0]["optimizer"] == "DeepSpeedCPUAdam"
 
 
 @pytest.mark.parametrize(("precision", "states"), [
@@ -65,7 +65,7 @@ def test_adam_with_torch_adam_true_keeps_torch_under_offload():
 def test_low_precision_masters_keep_the_states_the_reference_says_on_the_cpu(precision, states):
     result = run_ranks(train, 2, 2, steps=6, **precision)[0]
     master = "torch.bfloat16" if "bf16" in precision else "torch.float16"
-    assert result["optimizer"] == "CPUAdam"
+    assert result["optimizer"] == "DeepSpeedCPUAdam"
     assert result["masters"] == [(master, "cpu")] and result["states"] == [(states, "cpu")]
     assert result["losses"][-1] < result["losses"][0]
 

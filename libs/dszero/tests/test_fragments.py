@@ -75,13 +75,8 @@ def local_pieces(rank, world, stage):
     grad = dszero.safe_get_local_grad(weight)
     value = dszero.safe_get_local_fp32_param(weight)
     shape = tuple(dszero.safe_get_full_fp32_param(weight).shape)  # the whole shape (partitioned at stage 3)
-    if stage >= 2:
-        dszero.safe_set_full_grad(weight, torch.full(shape, 0.25))
-        set_grad = dszero.safe_get_full_grad(weight)
-    else:
-        with pytest.raises(dszero.ZeroError, match=f"stage {stage} gradients are reduced only at the step"):
-            dszero.safe_set_full_grad(weight, torch.zeros(shape))
-        set_grad = None
+    dszero.safe_set_full_grad(weight, torch.full(shape, 0.25))  # at stage 1: each rank's share of the reduction
+    set_grad = dszero.safe_get_full_grad(weight)
     with pytest.raises(dszero.ZeroError, match="value has shape"):
         dszero.safe_set_full_grad(weight, torch.zeros(3))
     zero.step()
@@ -100,12 +95,9 @@ def test_local_pieces_tile_the_whole_parameter_and_a_set_gradient_is_the_one_ste
     torch.testing.assert_close(torch.cat([r[1] for r in got]), grad_ref.reshape(-1), rtol=1e-5, atol=1e-7)
     torch.testing.assert_close(torch.cat([r[2] for r in got]), start_value, rtol=0, atol=0)
     exp_avg = torch.cat([r[4] for r in got])
-    if stage >= 2:
-        for r in got:
-            assert torch.all(r[3] == 0.25)
-        torch.testing.assert_close(exp_avg, torch.full_like(exp_avg, 0.1 * 0.25))  # AdamW's first m: (1 - 0.9) g
-    else:
-        torch.testing.assert_close(exp_avg, 0.1 * grad_ref.reshape(-1), rtol=1e-5, atol=1e-8)
+    for r in got:
+        assert torch.all(r[3] == 0.25)
+    torch.testing.assert_close(exp_avg, torch.full_like(exp_avg, 0.1 * 0.25))  # AdamW's first m: (1 - 0.9) g
 
 
 def set_local_pieces(rank, world, stage):
@@ -147,3 +139,24 @@ def test_local_setters_write_this_ranks_piece_and_ds_tensor_is_its_size(stage):
         assert exp_avg_sq.numel() == last - first and torch.all(exp_avg_sq == 1)
         if stage == 3:
             assert stored == (last - first,)
+
+
+def set_then_sgd(rank, world, stage, grad_accum_dtype):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2).bfloat16()
+    zero = dszero.ZeroOptimizer(model, torch.optim.SGD(model.parameters(), lr=1.0), ZeroConfig(stage=stage),
+                                precision="bf16", grad_accum_dtype=grad_accum_dtype)
+    before = model.weight.detach().float().clone()
+    zero.backward(model(torch.full((1, 3), float(rank + 1), dtype=torch.bfloat16)).sum())  # differs per rank
+    model.weight.grad = torch.ones_like(model.weight)  # a hand-set .grad is replaced too
+    dszero.safe_set_full_grad(model.weight, torch.full((2, 3), 0.5))
+    zero.step()
+    return (before - model.weight.detach().float()).tolist()
+
+
+@pytest.mark.parametrize("stage,grad_accum_dtype", [(0, None), (1, None), (1, torch.float32)])
+def test_a_set_full_gradient_is_the_one_stepped_where_gradients_are_reduced_at_the_step(stage, grad_accum_dtype):
+    """Stages 0 and 1 reduce each rank's own gradient at the step: every rank's share makes the value."""
+    for moved in run_ranks(set_then_sgd, 2, stage, grad_accum_dtype, timeout=120):
+        # 0.5 as the step applied it, within the bf16 rounding of the weights (2**-8 of them).
+        torch.testing.assert_close(torch.tensor(moved), torch.full((2, 3), 0.5), rtol=0, atol=2.0**-8)

@@ -19,13 +19,15 @@ def test_dynamic_scaler_follows_the_reference():
     assert scaler.scale == 16
     scaler.update(True)                      # second: halve
     assert scaler.scale == 8
-    for _ in range(3):                       # a window of clean steps: double
+    for _ in range(3):                       # a window of clean steps...
         scaler.update(False)
+    assert scaler.scale == 8
+    scaler.update(False)                     # ...then the next clean step doubles, as DeepSpeed's scaler does
     assert scaler.scale == 16
     for _ in range(10):
         scaler.update(True)
     assert scaler.scale == 2                 # never below min_loss_scale
-    assert (scaler.cur_scale, scaler.cur_iter, scaler.scale_window, scaler.delayed_shift) == (2, 15, 3, 2)
+    assert (scaler.cur_scale, scaler.cur_iter, scaler.scale_window, scaler.delayed_shift) == (2, 16, 3, 2)
 
 
 def test_static_scale_and_precision_from_config():
@@ -107,3 +109,19 @@ def wrong_dtype(rank, world):
 def test_model_dtype_must_match_the_precision():
     message = run_ranks(wrong_dtype, 1, timeout=60)[0]
     assert "but the precision is bf16; call model.to(torch.bfloat16)" in message
+
+
+def test_loss_scale_config_is_the_scaler_under_deepspeeds_names():
+    def run(rank, world):
+        model = torch.nn.Linear(4, 4).half()
+        zero = dszero.ZeroOptimizer(model, torch.optim.SGD(model.parameters(), lr=1.0), ZeroConfig(stage=1),
+                                    precision=dszero.Precision("fp16", initial_scale_power=5, loss_scale_window=3,
+                                                               min_loss_scale=0.5))
+        config = zero.loss_scale_config
+        fixed = dszero.Precision("bf16").make_scaler()  # what a bf16 or fp32 optimizer's loss_scale_config is
+        return (config.dynamic_loss_scale, config.cur_scale, config.scale_window, config.min_loss_scale,
+                config.cur_iter, zero.loss_scaler.loss_scale, fixed.dynamic_loss_scale, fixed.cur_scale,
+                fixed.loss_scale, fixed.min_loss_scale)
+
+    for values in run_ranks(run, 1, timeout=60):
+        assert values == (True, 32.0, 3, 0.5, 0, 32.0, False, 1.0, 1.0, None)

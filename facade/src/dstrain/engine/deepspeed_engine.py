@@ -33,6 +33,8 @@ def _functorch_transforming() -> bool:
 class DeepSpeedEngine(EngineAccessors, torch.nn.Module):
     """Built by `dstrain.initialize()`; `engine(*inputs)`, `engine.backward(loss)`, `engine.step()`."""
 
+    pipeline_parallelism = False  # DeepSpeed's flag; the pipeline engine is dstrain.PipelineEngine
+
     def __init__(self, *, model: torch.nn.Module, config: DeepSpeedConfig, optimizer: Any = None,
                  model_parameters: Any = None, training_data: Any = None, lr_scheduler: Any = None,
                  collate_fn: Any = None, data_parallel_group: Any = None, groups: Any = None,
@@ -141,6 +143,12 @@ class DeepSpeedEngine(EngineAccessors, torch.nn.Module):
         """Override the boundary (e.g. at the end of an epoch); None returns to counting micro-steps."""
         self._progress.boundary_override = is_boundary
 
+    @property
+    def _is_gradient_accumulation_boundary(self) -> bool | None:
+        """What set_gradient_accumulation_boundary set (None: micro-steps are counted), as DeepSpeed's engine keeps
+        it."""
+        return self._progress.boundary_override
+
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
         """Backward passes inside accumulate gradients on this rank only (DDP's no_sync, DeepSpeed's): at ZeRO
@@ -157,6 +165,22 @@ class DeepSpeedEngine(EngineAccessors, torch.nn.Module):
         self._inside_no_sync = True
         try:
             yield
+        finally:
+            self._inside_no_sync = False
+
+    @contextlib.contextmanager
+    def coalesce_grad_reduction(self) -> Iterator[None]:
+        """One with-block, one optimizer step (DeepSpeed's name): the engine.backward() calls inside accumulate
+        gradients locally and the block's end reduces them in one pass, at any ZeRO stage (stage 3 reduce-scatters
+        each backward as it runs: the same gradients). step() inside is refused, and so is nesting with no_sync()."""
+        self._require_optimizer("coalesce_grad_reduction")
+        if getattr(self, "_inside_no_sync", False):
+            raise EngineUsageError("coalesce_grad_reduction cannot be nested inside another no_sync context "
+                                   "(no_sync or coalesce_grad_reduction): leave the outer one first")
+        self._inside_no_sync = True
+        try:
+            with self.optimizer.coalesced_reduction():
+                yield
         finally:
             self._inside_no_sync = False
 

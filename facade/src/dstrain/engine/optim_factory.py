@@ -60,7 +60,7 @@ def build_optimizer(config: dsconfig.OptimizerConfig, params_or_groups: Iterable
         cls = _torch_class(torch.optim, name, "optimizer", torch.optim.Optimizer)
     if "betas" in params and isinstance(params["betas"], list):
         params["betas"] = tuple(params["betas"])
-    _check_kwargs(cls, params, "optimizer", skip=("params",))
+    _check_kwargs(cls, params, "optimizer", skip=("params", "model_params"))  # DeepSpeedCPUAdam names it so
     return cls(params_or_groups, **params)
 
 
@@ -89,14 +89,14 @@ def _adam(named_adamw: bool, params: dict) -> tuple[type, dict]:
 
 
 def _cpu_adam(named_adamw: bool, params: dict, fp32_optimizer_states: bool) -> tuple[type, dict]:
-    from dszero.ops import CPUAdam
+    from dszero.ops import DeepSpeedCPUAdam  # dszero's CPUAdam under the class name DeepSpeed builds here
 
     # DeepSpeed: type AdamW is always decoupled; type Adam is decoupled unless adam_w_mode is false.
     params["adamw_mode"] = params.pop("adam_w_mode", True) or named_adamw
     params.pop("torch_adam", None)
     params.pop("set_grad_none", None)
     params["fp32_optimizer_states"] = fp32_optimizer_states
-    return CPUAdam, params
+    return DeepSpeedCPUAdam, params
 
 
 def _tag_for_muon(model: torch.nn.Module, per_head: bool) -> None:

@@ -64,6 +64,8 @@ class _ZeroSeam:
 class PipelineEngine(EngineAccessors, torch.nn.Module):
     """Built by `dstrain.initialize(model=PipelineModule(...))`; `loss = engine.train_batch()`."""
 
+    pipeline_parallelism = True  # DeepSpeed's flag
+
     def __init__(self, *, model: PipelineModule, config: DeepSpeedConfig, optimizer: Any = None,
                  model_parameters: Any = None, training_data: Any = None, lr_scheduler: Any = None,
                  collate_fn: Any = None, data_parallel_group: Any = None, groups: Any = None,

@@ -138,18 +138,20 @@ def safe_get_local_optimizer_state(param: torch.Tensor, optim_state_key: str) ->
 
 def safe_set_full_grad(param: torch.Tensor, value: torch.Tensor) -> None:
     """Make `value` the gradient the next step() applies to the parameter (as safe_get_full_grad would answer
-    it). Call it on every rank with the same value, after the backward passes and before step(); each rank
-    keeps its piece, without communication. Stages 2 and 3 only: at stages 0 and 1 the gradients are reduced
-    at the step itself, from every rank's own."""
+    it). Call it on every rank with the same value, after the backward passes and before step(); without
+    communication. At stages 2 and 3 each rank keeps its piece of the reduced gradient; at stages 0 and 1, which
+    reduce at the step itself, each rank's own gradient becomes its share of that reduction."""
     zero, group, slot, piece = _shard_slice(param)
     if tuple(value.shape) != tuple(slot.shape):
         raise ZeroError(f"safe_set_full_grad({slot.name}): value has shape {tuple(value.shape)}, the parameter "
                         f"{tuple(slot.shape)}")
     zero.finish_backward()
-    shard = zero.reducer.grad_shard(zero.groups.index(group))
+    index = zero.groups.index(group)
+    shard = zero.reducer.grad_shard(index)
     if shard is None:
-        raise ZeroError(f"safe_set_full_grad({slot.name}): at ZeRO stage {zero.stage} gradients are reduced only at "
-                        f"the step, from each rank's own; setting the reduced gradient needs stage 2 or 3")
+        whole = value.detach().reshape(-1).to(device=group.model_flat.device, dtype=torch.float32)
+        zero.reducer.set_reduced(index, param, slot, whole * zero.gradient_unscale)
+        return
     first, last = local_range(param)
     flat = value.detach().reshape(-1)[first:last].to(device=shard.device, dtype=torch.float32)
     shard[piece].copy_(flat * zero.gradient_unscale)

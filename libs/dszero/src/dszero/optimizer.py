@@ -11,8 +11,10 @@ through it (whole_tensors.py).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -258,6 +260,12 @@ class ZeroOptimizer:
         return self.scaler
 
     @property
+    def loss_scale_config(self) -> Any:
+        """DeepSpeed's newer name for the same scaler (`dynamic_loss_scale`, `cur_scale`, `cur_iter`,
+        `scale_window`, `min_loss_scale`), which its engine's loss_scale reads."""
+        return self.scaler
+
+    @property
     def dynamic_loss_scale(self) -> bool:
         return self.scaler.dynamic
 
@@ -299,6 +307,25 @@ class ZeroOptimizer:
         """The step's gradients are complete: reduce whatever accumulated and wait for every reduction.
         Idempotent; step() calls it."""
         self.reducer.finish_backward()
+
+    @contextlib.contextmanager
+    def coalesced_reduction(self) -> Iterator[None]:
+        """The backward passes inside accumulate their gradients locally and the block's end reduces them once
+        (DeepSpeed's engine.coalesce_grad_reduction): fewer collectives per step, the same gradients. At stage 3,
+        which keeps no full gradients to accumulate into, each backward reduce-scatters as usual. An exception
+        inside reduces nothing at once (ranks may disagree); the next finish_backward() or step() does."""
+        holds = self.reducer.holds_gradients_back and self.gradient_sync
+        if holds:
+            self.require_gradient_sync(False)
+        try:
+            yield
+        except BaseException:
+            if holds:
+                self.require_gradient_sync(True)
+            raise
+        if holds:
+            self.require_gradient_sync(True)
+            self.finish_backward()
 
     def tensor_views(self, group_index: int) -> list[tuple[str, torch.Tensor]]:
         """(name, view) of every parameter in one group's flat master weights, for per-tensor optimizers

@@ -97,6 +97,16 @@ class LossScaler:
         """DeepSpeed's name for the current scale."""
         return self.scale
 
+    loss_scale = property(lambda self: self.scale)  # DeepSpeed's loss scalers' other name for it
+
+    # DeepSpeed's LossScaleConfig names (optimizer.loss_scale_config), for a fixed scale.
+    dynamic_loss_scale = property(lambda self: self.dynamic)
+    cur_iter = 0
+    scale_window = None
+    min_loss_scale = None
+    scale_factor = None
+    last_overflow_iter = None
+
     def state_dict(self) -> dict[str, Any]:
         return {"scale": self.scale}
 
@@ -105,7 +115,7 @@ class LossScaler:
 
 
 class DynamicLossScaler(LossScaler):
-    """Halve the scale on overflow (after `hysteresis` overflows), double it after `window` clean steps."""
+    """Halve the scale on overflow (after `hysteresis` overflows); double it at the step after `window` clean ones."""
 
     dynamic = True
 
@@ -123,6 +133,9 @@ class DynamicLossScaler(LossScaler):
     cur_iter = property(lambda self: self.steps)
     scale_window = property(lambda self: self.window)
     delayed_shift = property(lambda self: self.hysteresis)
+    min_loss_scale = property(lambda self: self.min_scale)
+    scale_factor = 2.0
+    last_overflow_iter = property(lambda self: self.last_overflow_step)
 
     def update(self, overflow: bool) -> None:
         if overflow:
@@ -134,7 +147,9 @@ class DynamicLossScaler(LossScaler):
         else:
             if self.consecutive_hysteresis:
                 self.hysteresis_left = self.hysteresis  # refill after any clean step
-            if (self.steps - self.last_overflow_step) % self.window == 0:
+            # The reference's count: a window of clean steps must have passed before this one doubles the scale.
+            stable = self.steps - self.last_overflow_step - 1
+            if stable > 0 and stable % self.window == 0:
                 if not self.consecutive_hysteresis:
                     self.hysteresis_left = self.hysteresis
                 self.scale *= 2

@@ -34,6 +34,8 @@ class FlatReducer:
     dtype), so the gradient-sync controls have nothing to hold back here.
     """
 
+    holds_gradients_back = True  # nothing is communicated before the step
+
     def __init__(self, groups: list[FlatGroup], partition: bool, average: bool, comm_dtype: torch.dtype | None = None,
                  accum_dtype: torch.dtype | None = None):
         self.groups = groups
@@ -137,6 +139,17 @@ class FlatReducer:
         """None: the gradients are reduced only at the step, so no rank holds its reduced shard before it."""
         return None
 
+    def set_reduced(self, index: int, param: torch.nn.Parameter, slot: Slot, value: torch.Tensor) -> None:
+        """Make the step's reduction of one parameter give `value` (flat, loss-scaled), given that every rank of
+        its group sets the same: each rank's own buffer holds its share of the sum the reduction takes."""
+        group, flat = self.groups[index], self.grad_flats[index]
+        world = dist.get_world_size(group.group)
+        divisor = (group.average_over or world) if self.average else 1
+        view = flat[slot.offset:slot.end]
+        view.copy_(value * (divisor / world))
+        # What _reattach would otherwise fold in or copy over it at the step: a hand-set or folded-away .grad.
+        param.grad = None if flat.dtype != group.dtype else view.view(slot.shape)
+
     def full_grad(self, index: int, slot: Slot, unscale: float) -> torch.Tensor:
         """One parameter's gradient as the step will apply it (reduced, averaged, unscaled), in fp32;
         collective over its group (the buffers are reduced only at the step, so a copy is reduced here)."""
@@ -194,6 +207,8 @@ class BucketReducer:
     With gradient sync off, backward passes leave their gradients in `.grad` (accumulating) and
     launch nothing; the next synced backward, or `finish_backward()`, reduces everything.
     """
+
+    holds_gradients_back = True
 
     def __init__(self, groups: list[FlatGroup], bucket_numel: int, overlap: bool, average: bool,
                  grad_dtype: torch.dtype, wire_dtype: torch.dtype | None = None):

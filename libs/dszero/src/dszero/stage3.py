@@ -51,6 +51,7 @@ REDUCTIONS_IN_FLIGHT = 2
 class Stage3:
     """The hooks that gather, release and reduce, and the units they act on."""
 
+    holds_gradients_back = False  # each unit's gradient is reduce-scattered as its backward runs
     routes: Any = None  # ZeRO++ (zeropp/): how gradients are reduced; None: the plain reduce-scatter
 
     def __init__(self, module: torch.nn.Module, units: list[Unit], group: Any, average: bool, homes: Any = None,

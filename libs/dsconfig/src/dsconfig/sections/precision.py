@@ -32,6 +32,9 @@ class BF16Config:
         False, "Keep ZeRO master weights and gradients in bf16 instead of fp32 (ZeRO 1-3).")
     bf16_optimizer_states: bool = setting(
         False, "Keep optimizer states in bf16 too; requires bf16_master_weights_and_grads.")
+    check_grad_overflow: bool = setting(
+        False, "The reference's switch for skipping bf16 steps whose gradients hold inf/nan. dstrain skips such a "
+               "step either way (counted in skipped_steps): a non-finite update is never applied.")
 
 
 @attrs.frozen

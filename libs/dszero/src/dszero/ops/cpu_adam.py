@@ -182,6 +182,11 @@ class CPUAdam(torch.optim.Optimizer):
                     "fp32_optimizer_states": fp32_optimizer_states}
         super().__init__(params, defaults)
 
+    @property
+    def adam_w_mode(self) -> bool:
+        """DeepSpeed's DeepSpeedCPUAdam name for adamw_mode (the default of every group)."""
+        return bool(self.defaults["adamw_mode"])
+
     def _check_param(self, index: int, position: int, p: torch.Tensor) -> None:
         if p.device.type != "cpu" or p.dtype not in _CODES:
             raise ZeroConfigError(f"CPUAdam: param_groups[{index}]['params'][{position}] has {_describe(p)}; "

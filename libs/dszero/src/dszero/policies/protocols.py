@@ -32,6 +32,8 @@ class Partition(Protocol):
 class Reducer(Protocol):
     """Brings every group's gradient to its owner; built by a Reduction over the partition's groups."""
 
+    holds_gradients_back: bool  # set_sync(False) keeps backward gradients local until finish_backward()
+
     def reduce(self) -> list[torch.Tensor]: ...  # this rank's reduced gradient shard per group
     def zero(self) -> None: ...
     def set_sync(self, enabled: bool) -> None: ...
