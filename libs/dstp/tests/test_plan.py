@@ -301,3 +301,5 @@ def test_a_model_level_entry_splits_the_head_only_where_it_can():
         assert not plan.params["lm_head.weight"].sharded, plan.params["lm_head.weight"]
         assert any("'lm_head'" in note and why in note for note in plan.notes), plan.notes
         assert plan.params["model.layers.0.q_proj.weight"].sharded
+    plan = dstp.plan_for(_hf_like(64, tied=False), 2, model_level_plan=False)  # the autotp pass: no gathered head
+    assert not plan.params["lm_head.weight"].sharded and plan.params["model.layers.0.q_proj.weight"].sharded

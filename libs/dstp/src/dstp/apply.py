@@ -86,17 +86,22 @@ def param_infos(model: nn.Module) -> list[ParamInfo]:
 
 def plan_for(model: nn.Module, tp_size: int, *, preset_model: str | None = None, partition_config: Any = None,
              vocab_parallel_lm_head: bool = False, params: list[ParamInfo] | None = None,
-             keep_whole: Sequence[str] = (), keep_whole_why: str = "kept whole") -> TensorParallelPlan:
+             keep_whole: Sequence[str] = (), keep_whole_why: str = "kept whole",
+             model_level_plan: bool = True) -> TensorParallelPlan:
     """The plan for `model` from the config's keys (see rules.resolve_specs), without changing it. `params`:
     the parameters to plan (default: param_infos(model)); a pipeline stage plans every stage's, so that its
     plan is the whole model's and a rule is checked against every parameter it may match. `keep_whole`:
     module names whose parameters stay whole before any rule applies (what another parallelism places:
-    AutoEP's experts and routers), `keep_whole_why` saying so in the plan."""
+    AutoEP's experts and routers), `keep_whole_why` saying so in the plan. `model_level_plan`: false keeps the
+    model-level entries of a Hugging Face plan (lm_head colwise_gather_output) out, as the autotp compiler pass,
+    which emits no gathered output, needs."""
     params = param_infos(model) if params is None else params
-    geometry, model_notes = _with_model_plan(model, ModelGeometry.from_config(getattr(model, "config", None)),
-                                             params, tp_size)
+    geometry, model_notes = ModelGeometry.from_config(getattr(model, "config", None)), []
+    if model_level_plan:
+        geometry, model_notes = _with_model_plan(model, geometry, params, tp_size)
     specs, source, notes = resolve_specs(preset_model, partition_config, geometry)
-    notes = model_notes + notes
+    if "base_model_tp_plan" in source:  # the model's plan is what splits it (no preset, no partition_config)
+        notes = model_notes + notes
     if keep_whole:
         pattern = "(?:" + "|".join(re.escape(name) for name in keep_whole) + r")\..+"
         specs = [LayerSpec(patterns=(pattern,), partition_type="skip", source=keep_whole_why), *specs]
