@@ -29,7 +29,9 @@ def config(stage=2, sp=2):
 def tp_config(stage=2, passes=("autotp",)):
     return {"train_micro_batch_size_per_gpu": 1, "gradient_clipping": 0.0, "steps_per_print": 10_000,
             "zero_optimization": {"stage": stage}, "optimizer": SGD,
-            "tensor_parallel": {"autotp_size": 2, "preset_model": "llama"},
+            # the autotp pass splits by the model's own Hugging Face plan (its lm_head colwise_gather_output entry left
+            # out: the pass gathers no output), eager AutoTP by the llama preset: the same cut
+            "tensor_parallel": {"autotp_size": 2, **({} if "autotp" in passes else {"preset_model": "llama"})},
             "compile": {"deepcompile": bool(passes), "passes": list(passes)}}
 
 

@@ -44,12 +44,17 @@ def pipe_model_data(rank, world):
     groups.initialize(PipeModelDataParallelTopology(num_pp=1, num_mp=2, num_dp=2))
     return (groups.get_group_ranks(groups.get_tensor_parallel_group()),
             groups.get_group_ranks(groups.get_data_parallel_group()),
-            sum_over(groups.get_model_parallel_group(), rank), groups.get_model_parallel_rank())
+            sum_over(groups.get_model_parallel_group(), rank), groups.get_model_parallel_rank(),
+            (groups.get_tensor_model_parallel_rank(), groups.get_tensor_model_parallel_world_size(),
+             groups.get_group_ranks(groups.get_tensor_model_parallel_group()),
+             groups.get_tensor_model_parallel_src_rank()))
 
 
 def test_pipe_model_data_groups_at_world_4():
     results = run_ranks(pipe_model_data, 4, timeout=60)
     assert [r[0] for r in results] == [[0, 1], [0, 1], [2, 3], [2, 3]]
+    # DeepSpeed's AutoTP names answer the same: rank and size in the tensor group, its ranks, its first rank
+    assert [r[4] for r in results] == [(0, 2, [0, 1], 0), (1, 2, [0, 1], 0), (0, 2, [2, 3], 2), (1, 2, [2, 3], 2)]
     assert [r[1] for r in results] == [[0, 2], [1, 3], [0, 2], [1, 3]]
     assert [r[2] for r in results] == [1, 1, 5, 5]
     assert [r[3] for r in results] == [0, 1, 0, 1]

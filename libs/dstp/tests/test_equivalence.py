@@ -86,9 +86,10 @@ def test_overlap_on_equals_off_and_vocab_parallel_loss_equals_the_gathered_loss(
 
 
 def test_phi3_by_its_own_base_model_tp_plan_gathers_and_splits_and_equals_one_process():
-    """Without a preset Phi-3's own plan applies: qkv colwise_gather_output, o_proj rowwise_split_input."""
+    """Without a preset Phi-3's own plan applies: qkv colwise_gather_output, o_proj rowwise_split_input, and the
+    model-level entry transformers keeps on the model (lm_head colwise_gather_output): 8 layer weights and the head."""
     for worst, sharded, _ in run_ranks(train_and_compare, 2, "phi3", preset=None, timeout=240):
-        assert max(worst.values()) < 1e-10 and sharded == 8, worst
+        assert max(worst.values()) < 1e-10 and sharded == 9, worst
 
 
 def cut_latent_attention(rank, world):

@@ -1,5 +1,7 @@
 """Partition planning as pure functions: every rule source and every refusal, by name (no processes)."""
 
+from typing import ClassVar
+
 import pytest
 import torch
 
@@ -231,3 +233,73 @@ def test_a_stage_plans_every_stages_parameters_and_placed_modules_stay_whole():
     assert whole.params["other.mlp.down_proj.weight"].kind == "replicated"
     assert whole.params["other.mlp.down_proj.weight"].rule.startswith("skip") and "AutoEP" in whole.format()
     assert whole.params["here.mlp.gate_proj.weight"].kind == "column"  # module names from the start: "mlp" is not here
+
+
+def test_the_models_own_tp_plan_merges_the_config_the_class_and_the_instance():
+    """transformers keeps model-level entries (lm_head) on the model class and may replace the instance's plan with
+    the base plan under a "model." prefix: the merge keeps each rule once and the class's lm_head entry."""
+
+    class Config:
+        base_model_tp_plan: ClassVar[dict] = {"layers.*.self_attn.q_proj": "colwise"}
+
+    class Model:
+        _tp_plan: ClassVar[dict | None] = {"lm_head": "colwise_gather_output"}
+
+        def __init__(self, config, runtime):
+            self.config = config
+            if runtime is not None:
+                self._tp_plan = runtime
+
+    merged = dstp.hf_tp_plan(Model(Config(), {"model.layers.*.self_attn.q_proj": "colwise", "extra": "rowwise"}))
+    assert merged == {"layers.*.self_attn.q_proj": "colwise", "lm_head": "colwise_gather_output", "extra": "rowwise"}
+    assert dstp.hf_tp_plan(Model(None, None)) == {"lm_head": "colwise_gather_output"}
+    assert dstp.hf_tp_plan(torch.nn.Linear(2, 2)) is None
+    Config.base_model_tp_plan = {}
+    Model._tp_plan = None
+    assert dstp.hf_tp_plan(Model(Config(), {})) is None
+
+
+def _hf_like(vocab: int, tied: bool, head_style: str = "colwise_gather_output"):
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q_proj = torch.nn.Linear(8, 8)
+
+    class Inner(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed_tokens = torch.nn.Embedding(vocab, 8)
+            self.layers = torch.nn.ModuleList([Block()])
+
+    class Config:
+        model_type = "custom"
+        base_model_tp_plan: ClassVar[dict] = {"layers.*.q_proj": "colwise"}
+
+    class LM(torch.nn.Module):
+        _tp_plan: ClassVar[dict] = {"lm_head": head_style}
+
+        def __init__(self):
+            super().__init__()
+            self.config = Config()
+            self.model = Inner()
+            self.lm_head = torch.nn.Linear(8, vocab, bias=False)
+            if tied:
+                self.lm_head.weight = self.model.embed_tokens.weight
+
+    return LM()
+
+
+def test_a_model_level_entry_splits_the_head_only_where_it_can():
+    """The class's lm_head entry splits an untied head that divides; a tied head, a vocabulary the degree does not
+    divide or a style dstp does not apply keeps it whole (as without the entry), with a note saying why."""
+    plan = dstp.plan_for(_hf_like(64, tied=False), 2)
+    head = plan.params["lm_head.weight"]
+    assert (head.kind, head.gather_output) == ("column", True) and plan.params["model.layers.0.q_proj.weight"].sharded
+    for model, why in ((_hf_like(64, tied=True), "tied"), (_hf_like(63, tied=False), "does not divide"),
+                       (_hf_like(64, tied=False, head_style="local_colwise"), "style")):
+        plan = dstp.plan_for(model, 2)
+        assert not plan.params["lm_head.weight"].sharded, plan.params["lm_head.weight"]
+        assert any("'lm_head'" in note and why in note for note in plan.notes), plan.notes
+        assert plan.params["model.layers.0.q_proj.weight"].sharded
+    plan = dstp.plan_for(_hf_like(64, tied=False), 2, model_level_plan=False)  # the autotp pass: no gathered head
+    assert not plan.params["lm_head.weight"].sharded and plan.params["model.layers.0.q_proj.weight"].sharded

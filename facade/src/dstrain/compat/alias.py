@@ -118,6 +118,9 @@ MAPPED_PATHS: dict[str, str] = {
     "deepspeed.runtime.data_pipeline.data_routing.helper": "dstrain.runtime.data_pipeline.data_routing.helper",
     "deepspeed.runtime.data_pipeline.data_routing.basic_layer": "dstrain.runtime.data_pipeline.data_routing.basic_layer",
     "deepspeed.runtime.data_pipeline.data_routing.scheduler": "dstrain.runtime.data_pipeline.data_routing.scheduler",
+    # AutoTP (dstp)
+    "deepspeed.runtime.tensor_parallel": "dstrain.runtime.tensor_parallel",
+    "deepspeed.runtime.tensor_parallel.config": "dstrain.runtime.tensor_parallel.config",
     # Ulysses sequence parallelism (dsseq)
     "deepspeed.sequence": "dstrain.sequence",
     "deepspeed.sequence.layer": "dstrain.sequence.layer",
@@ -143,7 +146,8 @@ PUBLIC_PATHS: dict[str, str] = {
 # Target modules that need a library the facade does not always have: the module's first name -> pip line.
 _PROVIDERS = {"dstrain.pipe": "dspipe", "dstrain.moe": "dsmoe", f"{_C}.pipe": "dspipe", f"{_C}.moe": "dsmoe",
               "dstrain.sequence": "dsseq", f"{_C}.sequence": "dsseq", "dstrain.runtime.sequence_parallel": "dsseq",
-              f"{_C}.runtime.sequence_parallel": "dsseq", "dstrain.runtime.data_pipeline": "dsdata",
+              f"{_C}.runtime.sequence_parallel": "dsseq", "dstrain.runtime.tensor_parallel": "dstp",
+              f"{_C}.runtime.tensor_parallel": "dstp", "dstrain.runtime.data_pipeline": "dsdata",
               f"{_C}.runtime.data_pipeline": "dsdata",
               "dspipe.schedules": "dspipe"}
 

@@ -103,6 +103,10 @@ class EngineAccessors:
     def zero_optimization(self) -> bool:
         return self._config.zero_optimization.stage > 0
 
+    def autotp_size(self) -> int:
+        """The config's `tensor_parallel.autotp_size`: over how many ranks AutoTP splits the model."""
+        return self._config.tensor_parallel.autotp_size
+
     def fp16_enabled(self) -> bool:
         return self.precision.fp16
 

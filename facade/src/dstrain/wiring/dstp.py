@@ -63,7 +63,8 @@ def apply_tensor_parallel(composed: Any, config: DeepSpeedConfig, groups: Any) -
                              partition_config=section.partition_config,
                              vocab_parallel_lm_head=section.vocab_parallel_lm_head,
                              params=pipeline_params(model, groups, dstp), keep_whole=autoep_placed(model, config, groups),
-                             keep_whole_why="expert_parallel (AutoEP places the experts and routers)")
+                             keep_whole_why="expert_parallel (AutoEP places the experts and routers)",
+                             model_level_plan="autotp" not in config.compile.passes)  # the pass gathers no output
         state = dstp.parallelize(model, groups.tensor, plan, tp_overlap_comm=section.tp_overlap_comm)
     except dstp.TensorParallelError as exc:
         raise ConfigError(Problem("tensor_parallel", str(exc))) from None

@@ -157,6 +157,18 @@ def get_tensor_parallel_rank() -> int:
 
 get_model_parallel_rank = get_tensor_parallel_rank
 
+# DeepSpeed's AutoTP spelling of the same three, and the source rank a tensor group broadcasts from.
+get_tensor_model_parallel_group = get_tensor_parallel_group
+get_tensor_model_parallel_world_size = get_tensor_parallel_world_size
+get_tensor_model_parallel_rank = get_tensor_parallel_rank
+
+
+def get_tensor_model_parallel_src_rank() -> int:
+    """The global rank of the first rank of this rank's tensor group (what it broadcasts replicated inputs
+    from): this rank itself without tensor parallelism."""
+    group, size, _ = _axis("tensor")
+    return get_group_ranks(group)[0] if size > 1 else dist.get_rank()
+
 
 # ------------------------------------------------------------------ sequence parallelism (Ulysses)
 # DeepSpeed's scripts call the underscored names (`groups._get_sequence_parallel_group()`); both spellings

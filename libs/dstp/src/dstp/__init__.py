@@ -14,7 +14,7 @@ from .comm import CommClock, TensorGroup
 from .compiled import defer_collectives_to_compiler, restore_collectives
 from .errors import TensorParallelError
 from .geometry import ModelGeometry
-from .hf_plan import specs_from_hf_plan
+from .hf_plan import hf_tp_plan, specs_from_hf_plan
 from .layers import ColumnParallelLinear, RowParallelLinear
 from .overlap import HalfBatchOverlap
 from .plan import ParamInfo, ParamPlan, TensorParallelPlan, build_plan
@@ -44,6 +44,7 @@ __all__ = [
     "build_plan",
     "compile_autotp",
     "defer_collectives_to_compiler",
+    "hf_tp_plan",
     "insert_tp_collectives",
     "merge_shards",
     "ops",

@@ -8,6 +8,7 @@ half-batch overlap). Every rank calls it with the same model; tensor rank 0's we
 from __future__ import annotations
 
 import copy
+import dataclasses
 import inspect
 import logging
 import re
@@ -24,6 +25,7 @@ import dscomm
 from .comm import TensorGroup
 from .errors import TensorParallelError
 from .geometry import ModelGeometry
+from .hf_plan import STYLES, hf_pattern, hf_tp_plan
 from .layers import ColumnParallelLinear, RowParallelLinear, wrap_region
 from .overlap import batch_size, merge_batch, split_batch
 from .plan import ParamInfo, TensorParallelPlan, build_plan
@@ -84,21 +86,58 @@ def param_infos(model: nn.Module) -> list[ParamInfo]:
 
 def plan_for(model: nn.Module, tp_size: int, *, preset_model: str | None = None, partition_config: Any = None,
              vocab_parallel_lm_head: bool = False, params: list[ParamInfo] | None = None,
-             keep_whole: Sequence[str] = (), keep_whole_why: str = "kept whole") -> TensorParallelPlan:
+             keep_whole: Sequence[str] = (), keep_whole_why: str = "kept whole",
+             model_level_plan: bool = True) -> TensorParallelPlan:
     """The plan for `model` from the config's keys (see rules.resolve_specs), without changing it. `params`:
     the parameters to plan (default: param_infos(model)); a pipeline stage plans every stage's, so that its
     plan is the whole model's and a rule is checked against every parameter it may match. `keep_whole`:
     module names whose parameters stay whole before any rule applies (what another parallelism places:
-    AutoEP's experts and routers), `keep_whole_why` saying so in the plan."""
-    geometry = ModelGeometry.from_config(getattr(model, "config", None))
+    AutoEP's experts and routers), `keep_whole_why` saying so in the plan. `model_level_plan`: false keeps the
+    model-level entries of a Hugging Face plan (lm_head colwise_gather_output) out, as the autotp compiler pass,
+    which emits no gathered output, needs."""
+    params = param_infos(model) if params is None else params
+    geometry, model_notes = ModelGeometry.from_config(getattr(model, "config", None)), []
+    if model_level_plan:
+        geometry, model_notes = _with_model_plan(model, geometry, params, tp_size)
     specs, source, notes = resolve_specs(preset_model, partition_config, geometry)
+    if "base_model_tp_plan" in source:  # the model's plan is what splits it (no preset, no partition_config)
+        notes = model_notes + notes
     if keep_whole:
         pattern = "(?:" + "|".join(re.escape(name) for name in keep_whole) + r")\..+"
         specs = [LayerSpec(patterns=(pattern,), partition_type="skip", source=keep_whole_why), *specs]
-    plan = build_plan(param_infos(model) if params is None else params, specs, tp_size, geometry, source=source,
+    plan = build_plan(params, specs, tp_size, geometry, source=source,
                       vocab_parallel_lm_head=vocab_parallel_lm_head)
     plan.notes += notes
     return plan
+
+
+def _with_model_plan(model: nn.Module, geometry: ModelGeometry, params: list[ParamInfo], tp_size: int
+                     ) -> tuple[ModelGeometry, list[str]]:
+    """`geometry` with the model's whole Hugging Face plan (hf_tp_plan: the config's, plus the model-level
+    entries such as "lm_head" that transformers keeps on the model). A model-level entry is used only where it
+    can split: one whose style dstp does not apply, or whose weight is tied to another parameter or does not
+    divide by `tp_size`, is left out (the module stays whole, as it did without it), with a note."""
+    merged = hf_tp_plan(model)
+    base = geometry.base_model_tp_plan or {}
+    if not merged or merged == base:
+        return geometry, []
+    kept: dict[str, str] = {}
+    notes: list[str] = []
+    for path, style in merged.items():
+        if path not in base:
+            kind = STYLES.get(style.lower(), ("unsupported", {}))[0]
+            pattern = re.compile(hf_pattern(path))
+            hits = [p for p in params if pattern.match(p.name) and p.name.endswith("weight")]
+            dim = 0 if kind == "column" else -1
+            why = ("its style is not one dstp applies" if kind == "unsupported" else
+                   "it is tied to another parameter" if any(p.aliases for p in hits) else
+                   f"it does not divide by autotp_size {tp_size}" if kind in ("column", "row") and any(
+                       not p.shape or p.shape[dim] % tp_size for p in hits) else None)
+            if why is not None:
+                notes.append(f"the model's _tp_plan entry {path!r}: {style!r} is not used ({why}): it stays whole")
+                continue
+        kept[path] = style
+    return dataclasses.replace(geometry, base_model_tp_plan=kept or None), notes
 
 
 def parallelize(model: nn.Module, group: Any, plan: TensorParallelPlan | None = None, *,

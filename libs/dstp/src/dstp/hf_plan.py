@@ -1,4 +1,5 @@
-"""A Hugging Face `config.base_model_tp_plan` as partition rules.
+"""A Hugging Face model's tensor-parallel plan (`config.base_model_tp_plan`, and the model's own `_tp_plan`)
+as partition rules.
 
 HF writes module paths relative to the base model with `*` for a layer index
 ("layers.*.self_attn.q_proj": "colwise"); a rule here matches the module's weight (its bias follows
@@ -8,6 +9,7 @@ it) or a parameter of that name (3-D expert weights).
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from .errors import TensorParallelError
 from .specs import LayerSpec
@@ -25,6 +27,30 @@ STYLES: dict[str, tuple[str, dict]] = {
 }
 # A module whose own weights are split (an experts block) all-reduces its output; dstp infers that.
 INFERRED_STYLES = frozenset({"moe_tp_experts"})
+
+
+def hf_tp_plan(model: Any) -> dict[str, str] | None:
+    """The plan a Hugging Face model carries, merged as transformers keeps it: `config.base_model_tp_plan`
+    (paths inside the base model), then the class's `_tp_plan` (the model-level entries, "lm_head"), then
+    the instance's `_tp_plan` (transformers' post_init replaces it with the base plan under a "model."
+    prefix, which may drop the class's entries: they are kept). A "model."-prefixed path whose unprefixed
+    form is already in is left out, so a rule is written once. None when none of them has an entry."""
+    config = getattr(model, "config", None)
+    instance = getattr(model, "__dict__", {})
+    sources = (getattr(config, "base_model_tp_plan", None) if config is not None else None,
+               getattr(type(model), "_tp_plan", None), instance.get("_tp_plan"))
+    merged: dict[str, str] = {}
+    known: set[str] = set()
+    for plan in sources:
+        if not isinstance(plan, dict):
+            continue
+        for path, style in plan.items():
+            bare = path[len("model."):] if path.startswith("model.") else path
+            if bare != path and bare in known:
+                continue
+            merged[path] = style
+            known.add(bare)
+    return merged or None
 
 
 def hf_pattern(path: str) -> str:

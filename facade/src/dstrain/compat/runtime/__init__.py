@@ -9,6 +9,7 @@ __getattr__ = submodule_attributes(__name__, {
     "config": ".config", "constants": ".constants", "dataloader": ".dataloader", "lr_schedules": ".lr_schedules", "utils": ".utils",
     "zero": ".zero", "domino": ".domino", "engine": "dstrain.engine", "fp16": ".fp16",
     "bf16_optimizer": ".bf16_optimizer", "precision_config": ".precision_config",
+    "tensor_parallel": ".tensor_parallel",
     # deepspeed.runtime.activation_checkpointing is served by this package: its `checkpointing` submodule
     "checkpointing": "dstrain.checkpointing",
 }, "deepspeed.runtime")
