@@ -36,6 +36,35 @@ class TiedProjection(nn.Module):
         return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
 
 
+class ReturnsItsBias(nn.Linear):
+    def forward(self, x):
+        return super().forward(x), self.bias
+
+
+class PassesItOn(nn.Linear):
+    """Returns what its child returned, the child's bias included, without reading it."""
+
+    def __init__(self, dim=16):
+        super().__init__(dim, dim)
+        self.inner = ReturnsItsBias(dim, dim)
+
+    def forward(self, x):
+        return self.inner(super().forward(x))
+
+
+class ReturnedParameter(nn.Module):
+    """DeepSpeed's DanglingExt: a parameter returned up two levels and read by the container."""
+
+    def __init__(self, dim=16):
+        super().__init__()
+        self.first = nn.Linear(dim, dim)
+        self.middle = PassesItOn(dim)
+
+    def forward(self, x):
+        out, bias = self.middle(self.first(x))
+        return (out + bias).pow(2).mean()
+
+
 def _inputs(kind, step, rank):
     gen = torch.Generator().manual_seed(100 * step + rank)
     if kind == "tied":
@@ -45,13 +74,14 @@ def _inputs(kind, step, rank):
 
 def _model(kind):
     torch.manual_seed(0)
-    return TiedProjection() if kind == "tied" else ParentReadsChild()
+    return {"tied": TiedProjection, "parent": ParentReadsChild, "returned": ReturnedParameter}[kind]()
 
 
 def train(rank, world, kind, zero_stage, register, steps=4):
     model = _model(kind)
     if register:
-        dszero.register_external_parameter(model, model.embed.weight if kind == "tied" else model.first.weight)
+        dszero.register_external_parameter(model, {"tied": lambda: model.embed.weight, "parent": lambda: model.first.weight,
+                                                   "returned": lambda: model.middle.inner.bias}[kind]())
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     if zero_stage is None:  # the reference: plain torch, gradients averaged over the ranks by hand
         losses = []
@@ -75,19 +105,21 @@ def train(rank, world, kind, zero_stage, register, steps=4):
         losses.append(loss.item())
     with dszero.GatheredParameters(list(model.parameters())):
         weights = {n: p.detach().clone() for n, p in model.named_parameters()}
-    return losses, weights, len(zero.reducer.units_of_module.get(id(model), []))
+    return losses, weights, len(model._external_params), len(getattr(model, "middle", model)._external_params)
 
 
-@pytest.mark.parametrize("kind", ["parent", "tied"])
+@pytest.mark.parametrize("kind", ["parent", "tied", "returned"])
 @pytest.mark.parametrize("register", [False, True], ids=["found", "registered"])
 def test_a_parameter_read_outside_its_module_trains_as_the_plain_model(kind, register):
     plain = run_ranks(train, 2, kind, None, False, timeout=120)
     zero3 = run_ranks(train, 2, kind, 3, register, timeout=120)
-    for (ref_losses, ref_weights), (losses, weights, external) in zip(plain, zero3):
+    for (ref_losses, ref_weights), (losses, weights, at_reader, at_middle) in zip(plain, zero3):
         assert losses == pytest.approx(ref_losses, rel=1e-5)
         for name, value in ref_weights.items():
             torch.testing.assert_close(weights[name], value, rtol=1e-5, atol=1e-6)
-        assert external == 1  # the reader gathers the other module's unit from then on
+        assert at_reader == 1  # the reader gathers the other module's parameter from then on
+        if kind == "returned" and not register:
+            assert at_middle == 0  # it only passed the bias on
 
 
 def state_after_steps(rank, world):

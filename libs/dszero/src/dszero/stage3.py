@@ -129,6 +129,8 @@ class Stage3:
         self.external_modules: dict[int, torch.nn.Module] = {}
         self.external_hook_handles: dict[int, Any] = {}
         self.pinned: set[int] = set()  # units found external during a forward: kept gathered until reduced
+        for submodule in module.modules():
+            submodule.__dict__.setdefault("_external_params", {})  # DeepSpeed's record: id(param) -> param
         self.owners = [m for m in module.modules()
                        if any(p is not None and id(p) in hooked_unit_of for p in m._parameters.values())]
         self.restore_module_hooks()
@@ -185,6 +187,7 @@ class Stage3:
         unit = self.hooked_unit_of.get(id(param))
         if unit is not None and any(m is module for m in self.root.modules()):
             self._add_external_unit(module, unit)
+            module._external_params[id(param)] = param
 
     def remove_external(self, module: torch.nn.Module, param: torch.nn.Parameter) -> None:
         unit = self.hooked_unit_of.get(id(param))
@@ -195,6 +198,7 @@ class Stage3:
             return  # another registered parameter of the module is in the same unit
         units.remove(unit)
         self.units_of_module[id(module)].remove(unit)
+        module.__dict__.get("_external_params", {}).pop(id(param), None)
 
     def _add_external_unit(self, module: torch.nn.Module, unit: Unit) -> bool:
         units = self.units_of_module.setdefault(id(module), [])
@@ -221,12 +225,38 @@ class Stage3:
             return
         reader = self.forward_stack[-1]
         self._add_external_unit(reader, unit)
+        reader._external_params[id(param)] = param
         self.in_forward[id(unit)] += 1  # as the reader's pre-hook would have counted it
         self._make_room([unit])
         unit.gather(compute=True)
-        if torch.is_grad_enabled():
+        self._pin(unit)
+
+    def _pin(self, unit: Unit) -> None:
+        if torch.is_grad_enabled():  # this step's backward pre-hooks were set up without it
             self.pinned.add(id(unit))
             self.in_backward.add(id(unit))
+
+    def _hand_up_returned(self, module: torch.nn.Module, output: Any) -> None:
+        """`module` returned partitioned parameters (its own, or ones handed up to it): they are the caller's
+        now, kept gathered until the caller's forward ends and gathered with it from then on."""
+        if len(self.forward_stack) < 2 or self.forward_stack[-1] is not module:
+            return
+        caller = self.forward_stack[-2]
+        candidates = [p for unit in self.units_of_module.get(id(module), ()) for p in unit.params]
+        for param in _returned_parameters(output, candidates):
+            unit = self.hooked_unit_of.get(id(param))
+            if unit is None or not unit.gathered or any(id(param) in m.__dict__.get("_external_params", {})
+                                                        for m in self.forward_stack[:-1]):
+                continue  # an enclosing forward holds it already (gathered with that module's own units)
+            if unit in self.external_units.get(id(module), []):  # handed up through `module`: it only passed it on
+                self.external_units[id(module)].remove(unit)
+                self.units_of_module[id(module)].remove(unit)
+                module._external_params.pop(id(param), None)
+            else:
+                self.in_forward[id(unit)] += 1  # the caller's hold; `module`'s own is given back below
+            self._add_external_unit(caller, unit)
+            caller._external_params[id(param)] = param
+            self._pin(unit)
 
     def _enter(self, module, args):
         """Forward pre-hook of a module without units of its own: the forward stack, and any external units."""
@@ -237,6 +267,7 @@ class Stage3:
             self._enter_units(module)
 
     def _exit(self, module, args, output):
+        self._hand_up_returned(module, output)
         if id(module) in self.units_of_module and not self._held(module):
             self._release_after_forward(module)
         self._pop(module)
@@ -352,6 +383,7 @@ class Stage3:
         self._need(module, True)
 
     def _after_forward(self, module, args, output):
+        self._hand_up_returned(module, output)
         if not self._held(module):
             self._release_after_forward(module)
         self._pop(module)
@@ -571,3 +603,22 @@ def _untrained_gradient(name: str, param: torch.nn.Parameter) -> None:
     raise ZeroError(f"{name} was partitioned by dszero.Init and is not trained by the ZeRO stage-3 optimizer (it was "
                     f"frozen, or not given to the optimizer, when the engine was built), but it received a gradient; "
                     f"give the optimizer every parameter to train before initialize(), or set requires_grad=False")
+
+
+def _returned_parameters(output: Any, candidates: list[torch.nn.Parameter]) -> list[torch.nn.Parameter]:
+    """Which of `candidates` are among a forward's outputs (the output itself, or the items of a tuple, list or
+    dict): the parameter itself, or the alias a module's backward hook put in its place (same memory, same
+    shape)."""
+    items = output.values() if isinstance(output, dict) else output if isinstance(output, (tuple, list)) else [output]
+    tensors = [item for item in items if isinstance(item, torch.Tensor) and item.numel() > 0]
+    if not tensors or not candidates:
+        return []
+    found = []
+    for param in candidates:
+        if param.numel() == 0:
+            continue
+        for item in tensors:
+            if item is param or (item.data_ptr() == param.data_ptr() and item.shape == param.shape):
+                found.append(param)
+                break
+    return found
