@@ -1,7 +1,7 @@
 """DeepSpeed names its own unit tests use (issue 35, round 5; runtime/zero/test_zero_context.py), resolved under the
 alias and used: `partition_parameters.MultipleAllGatherHandles` and `partitioned_param_data_shape`,
 `deepspeed.zero.register_external_parameter` and a parameter read outside its module's forward found by itself
-(a parent reusing its child's weight), and `engine.tput_timer`. One subprocess: the alias is process-wide."""
+(a parent reusing its child's weight), `engine.tput_timer`, and `runtime.utils.PartitionedTensor`. One subprocess: the alias is process-wide."""
 
 from alias_snippet import run_alias_snippet
 
@@ -9,6 +9,7 @@ SNIPPET = r"""
 import dstrain.as_deepspeed
 import os, sys
 import deepspeed, torch
+from deepspeed.runtime.utils import PartitionedTensor
 from deepspeed.runtime.zero.partition_parameters import (MultipleAllGatherHandles, ZeroParamStatus,
                                                          partitioned_param_data_shape)
 
@@ -52,6 +53,9 @@ for register in (False, True):
         engine.step()
     assert engine.tput_timer.batch_size == 6 and engine.tput_timer.global_step_count == 2
     assert engine.tput_timer.micro_step_count == 6 and engine.tput_timer.initialized
+    whole = torch.arange(12.0).reshape(3, 4)
+    part = PartitionedTensor(whole, group=None)
+    assert torch.equal(PartitionedTensor.from_meta(part.to_meta(), part.data(), None).full(), whole)
     engine.destroy()
 print("ok")
 """

@@ -44,6 +44,7 @@ from .config_api import comms_logger_settings, configure, reset_comms_log
 from .dims import GROUP_NAMES, ParallelCoord, ParallelDims
 from .errors import CommError
 from .parallel_groups import ParallelGroups
+from .partitioned import PartitionedTensor
 from .summary import get_comms_log, log_summary
 from .tags import (
     EXPERT_PARAM_GROUP_TAG,
@@ -67,6 +68,7 @@ __all__ = [
     "ParallelCoord",
     "ParallelDims",
     "ParallelGroups",
+    "PartitionedTensor",
     "PipeDataParallelTopology",
     "PipeModelDataParallelTopology",
     "ProcessTopology",

@@ -1,4 +1,5 @@
-"""`deepspeed.runtime.utils` names scripts use: `set_random_seed`, `see_memory_usage` (dsmonitor),
+"""`deepspeed.runtime.utils` names scripts use: `set_random_seed`, `see_memory_usage` (dsmonitor), `PartitionedTensor`
+(dscomm),
 `move_to_device`, `is_model_parallel_parameter`, and the pipeline partitioners where dspipe is installed."""
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ import random
 import torch
 
 import dscomm
+from dscomm import PartitionedTensor
 from dsmonitor import see_memory_usage
 
 
@@ -57,4 +59,4 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'dstrain.runtime.utils' has no attribute {name!r}")
 
 
-__all__ = ["is_model_parallel_parameter", "move_to_device", "see_memory_usage", "set_random_seed"]
+__all__ = ["PartitionedTensor", "is_model_parallel_parameter", "move_to_device", "see_memory_usage", "set_random_seed"]
