@@ -114,6 +114,8 @@ KEYS: dict[str, tuple] = {
     "torch_autocast.enabled": obs(f"{FACADE}/test_precision.py::test_torch_autocast_runs_matmuls_in_bf16_and_keeps_fp32_weights"),
     "torch_autocast.dtype": obs(f"{HERE}::test_engine_observations"),
     "torch_autocast.lower_precision_safe_modules": warned({"torch_autocast": {"enabled": True}}),
+    "data_types.buffer_dtype": obs("facade/tests/test_precision.py::test_bf16_keeps_fp32_buffers_unless_buffer_dtype_names_one"),
+    "data_types.param_dtype": obs("facade/tests/test_precision.py::test_a_param_dtype_the_precision_mode_contradicts_is_refused_by_name"),
     "data_types.grad_accum_dtype": obs(f"{DSZERO}/test_gradient_dtypes.py::test_grad_accum_dtype_fp32_accumulates_a_bf16_model_in_fp32_at_every_stage"),
     # ---- ZeRO
     "zero_optimization.stage": obs(f"{FACADE}/test_engine_vs_ddp.py::test_every_stage_matches_ddp_at_two_ranks"),

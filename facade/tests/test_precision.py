@@ -4,6 +4,7 @@ import pytest
 import torch
 from engine_models import ADAMW, TokenDataset, config, make_model
 
+import dsconfig
 import dstrain
 from dscomm.testing import run_ranks
 
@@ -132,3 +133,43 @@ def test_communication_data_type_reduces_in_that_dtype(stage):
     wire = run_ranks(grads_after_one_step, 2, "mean", stage, communication_data_type="bf16")[0]
     torch.testing.assert_close(wire, exact, rtol=2e-2, atol=1e-4)  # bf16 keeps 8 bits of mantissa
     assert not torch.equal(wire, exact)
+
+
+class RotaryLike(torch.nn.Module):
+    """A model with an fp32 buffer it reads in fp32 (as a rotary embedding's inv_freq): its output is cast back."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+        self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, 8, 2).float() / 8)), persistent=False)
+
+    def forward(self, x):
+        angles = (torch.arange(x.shape[0], dtype=torch.float32)[:, None] * self.inv_freq[None, :]).repeat(1, 2)
+        return self.linear(x * angles.cos().to(x.dtype)).float().pow(2).mean()
+
+
+def buffer_dtypes(rank, world, data_types):
+    model = RotaryLike()
+    cfg = {"train_micro_batch_size_per_gpu": 4, "bf16": {"enabled": True},
+           "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}, "data_types": data_types}
+    engine, *_ = dstrain.initialize(model=model, config=cfg)
+    engine.backward(engine(torch.randn(4, 8, dtype=torch.bfloat16)))
+    engine.step()
+    return model.linear.weight.dtype, model.inv_freq.dtype
+
+
+def test_bf16_keeps_fp32_buffers_unless_buffer_dtype_names_one():
+    assert run_ranks(buffer_dtypes, 1, {})[0] == (torch.bfloat16, torch.float32)
+    assert run_ranks(buffer_dtypes, 1, {"buffer_dtype": "bf16", "param_dtype": "bf16"})[0] == (torch.bfloat16,
+                                                                                                torch.bfloat16)
+
+
+def contradicting_param_dtype(rank, world):
+    with pytest.raises(dsconfig.ConfigError, match=r"data_types\.param_dtype.*trains the parameters in bf16"):
+        dstrain.initialize(model=RotaryLike(), config={"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True},
+                                                       "data_types": {"param_dtype": "fp16"}})
+    return True
+
+
+def test_a_param_dtype_the_precision_mode_contradicts_is_refused_by_name():
+    assert run_ranks(contradicting_param_dtype, 1)[0]

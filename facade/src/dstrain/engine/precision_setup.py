@@ -27,6 +27,8 @@ class PrecisionSetup:
         self.grad_accum_dtype = _DTYPES[grad_dtype] if grad_dtype else None
         comm = cfg.communication_data_type
         self.communication_dtype = _DTYPES[comm] if comm else None
+        buffers = cfg.data_types.buffer_dtype
+        self.buffer_dtype = _DTYPES[buffers] if buffers else None
 
     @property
     def fp16(self) -> bool:
@@ -37,12 +39,20 @@ class PrecisionSetup:
         return self.precision.dtype == "bf16"
 
     def prepare_module(self, module: torch.nn.Module) -> None:
-        """The model in its training dtype (fp16 / bf16 cast in place, parameters keep their identity). A
-        float64 model without fp16 / bf16 trains in float64 (dszero's "fp64", masters included), as DDP would."""
+        """The model's parameters in their training dtype (fp16 / bf16 cast in place, parameters keep their
+        identity); floating-point buffers keep the dtype they were built in (an fp32 rotary inv_freq stays fp32,
+        as DeepSpeed's engine leaves them) unless data_types.buffer_dtype names one. A float64 model without
+        fp16 / bf16 trains in float64 (dszero's "fp64", masters included), as DDP would."""
         if self.model_dtype != torch.float32:
-            module.to(self.model_dtype)
+            for param in module.parameters():
+                if param.is_floating_point() and param.dtype != self.model_dtype and not hasattr(param, "ds_shape"):
+                    param.data = param.data.to(self.model_dtype)  # partitioned ones (zero.Init) are dszero's
         elif {p.dtype for p in module.parameters() if p.is_floating_point()} == {torch.float64}:
             self.precision, self.model_dtype = Precision("fp64"), torch.float64
+        if self.buffer_dtype is not None:
+            for buffer in module.buffers():
+                if buffer.is_floating_point() and buffer.dtype != self.buffer_dtype:
+                    buffer.data = buffer.data.to(self.buffer_dtype)
 
     def cast_inputs(self, value: Any) -> Any:
         """fp16.auto_cast: floating-point inputs become fp16, nested in lists, tuples and dicts."""

@@ -45,6 +45,14 @@ def _evolve_zero(**changes) -> Callable[[DeepSpeedConfig], DeepSpeedConfig]:
 def precision_rules(cfg: DeepSpeedConfig) -> Iterator[Finding]:
     if _on(cfg.fp16.enabled) and _on(cfg.bf16.enabled):
         yield _error("bf16.enabled", "fp16 and bf16 cannot both be enabled; turn one off")
+    wanted = cfg.data_types.param_dtype
+    if wanted is not None and cfg.fp16.enabled != "auto" and cfg.bf16.enabled != "auto":
+        mode = "fp16" if _on(cfg.fp16.enabled) else "bf16" if _on(cfg.bf16.enabled) else "fp32"
+        if wanted != mode:
+            yield _error("data_types.param_dtype", f"the enabled precision trains the parameters in {mode}; set "
+                         f"{'fp16' if wanted == 'fp16' else 'bf16'}.enabled to match or remove the key"
+                         if wanted != "fp32" else f"the enabled precision trains the parameters in {mode}; remove "
+                         f"the key or turn {mode} off", wanted)
     zero = cfg.zero_optimization
     offload_optimizer = zero.optimizer_offload_device != "none"
     bf16 = cfg.bf16

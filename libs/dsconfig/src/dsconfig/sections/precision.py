@@ -50,3 +50,9 @@ class TorchAutocastConfig:
 class DataTypesConfig:
     grad_accum_dtype: Literal["fp32", "fp16", "bf16"] | None = setting(
         None, "Data type of gradient accumulation; null matches the model's type.")
+    param_dtype: Literal["fp32", "fp16", "bf16"] | None = setting(
+        None, "The parameters' training dtype; null follows fp16 / bf16 (fp32 without them). Given, it must "
+              "name the same dtype as the enabled mode.")
+    buffer_dtype: Literal["fp32", "fp16", "bf16"] | None = setting(
+        None, "Cast floating-point buffers (a rotary embedding's inv_freq, normalization statistics) to this "
+              "dtype; null keeps the dtype each buffer had when the model was built.")
