@@ -104,3 +104,23 @@ def test_groups_need_an_initialised_world():
         pytest.skip("a process group is already up in this process")
     with pytest.raises(dscomm.CommError, match="init_distributed"):
         groups.initialize()
+
+
+def deepspeed_private_expert_names(rank, world):
+    groups._create_expert_and_data_parallel(2)  # DeepSpeed's name for create_expert_groups
+    try:
+        groups._create_expert_and_data_parallel(2, use_data_before_expert_parallel_=True)
+        refused = ""
+    except dscomm.CommError as exc:
+        refused = str(exc)
+    return (groups.get_group_ranks(groups.get_expert_parallel_group(2)),
+            groups.get_group_ranks(groups.get_expert_data_parallel_group(2)),
+            groups._get_expert_model_parallel_world_size(), refused)
+
+
+def test_deepspeed_private_expert_names():
+    results = run_ranks(deepspeed_private_expert_names, 4, timeout=60)
+    assert [r[0] for r in results] == [[0, 1], [0, 1], [2, 3], [2, 3]]
+    assert [r[1] for r in results] == [[0, 2], [1, 3], [0, 2], [1, 3]]
+    assert all(r[2] == 1 for r in results)  # experts are never tensor-parallel
+    assert "use_data_before_expert_parallel_=True" in results[0][3]

@@ -57,6 +57,7 @@ MAPPED_PATHS: dict[str, str] = {
     "deepspeed.runtime.zero.partition_parameters": "dszero.partition_parameters",
     "deepspeed.runtime.zero.stage_1_and_2": "dstrain.runtime.zero.stage_1_and_2",
     "deepspeed.runtime.zero.stage3": "dstrain.runtime.zero.stage3",
+    "deepspeed.runtime.zero.utils": "dstrain.runtime.zero.utils",
     "deepspeed.runtime.fp16": "dstrain.runtime.fp16",
     "deepspeed.runtime.fp16.fused_optimizer": "dstrain.runtime.fp16.fused_optimizer",
     "deepspeed.runtime.fp16.unfused_optimizer": "dstrain.runtime.fp16.unfused_optimizer",

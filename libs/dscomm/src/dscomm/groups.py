@@ -225,6 +225,22 @@ def create_expert_groups(ep_size: int) -> None:
     _REGISTRY.expert_groups[ep_size] = (*mine["expert"], *mine["expert_data"])
 
 
+def _create_expert_and_data_parallel(expert_parallel_size_: int, use_data_before_expert_parallel_: bool = False) -> None:
+    """DeepSpeed's name for create_expert_groups (collective). Only DeepSpeed's default rank order is built:
+    expert groups of consecutive data-parallel ranks."""
+    if use_data_before_expert_parallel_:
+        raise CommError("_create_expert_and_data_parallel: use_data_before_expert_parallel_=True (expert groups of "
+                        "strided ranks) is not provided; dscomm's expert groups are consecutive data-parallel ranks "
+                        "(leave it False)")
+    create_expert_groups(expert_parallel_size_)
+
+
+def _get_expert_model_parallel_world_size() -> int:
+    """How many tensor-parallel ranks share one expert: always 1, experts are never tensor-parallel here
+    (dsmoe refuses enable_expert_tensor_parallelism=True), whatever the non-expert layers' tensor parallelism."""
+    return 1
+
+
 def _experts(ep_size: int) -> tuple[Any, list[int], Any, list[int]]:
     registered = _REGISTRY.groups
     if registered is not None and ep_size == registered.dims.expert:
