@@ -10,16 +10,19 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
 from dsmoe.errors import MoEError
-from dsmoe.gating import decode_routes as _sparse_decode
-from dsmoe.gating import encode_routes as _sparse_encode
-from dsmoe.gating import route_slots as _route_slots
-from dsmoe.gating import route_top1, route_top2, route_topk
+from dsmoe.gating import decode_routes, encode_routes, route_slots, route_top1, route_top2, route_topk
 from dsmoe.sharded_moe import MOELayer, TopKGate, gumbel_rsample, multiplicative_jitter
 
 from ... import comm as dist
 
 TUTEL_INSTALLED = False
+
+# DeepSpeed's names for the dispatch over routes as k rows of S.
+_route_slots = route_slots
+_sparse_encode = encode_routes
+_sparse_decode = decode_routes
 
 
 def _max_load_over(ep_group: Any, device: torch.device):
@@ -75,5 +78,5 @@ def topkgating(logits: torch.Tensor, k: int, capacity_factor: float, min_capacit
     return _outputs(routing, k, sparse_routes)
 
 
-__all__ = ["MOELayer", "TUTEL_INSTALLED", "TopKGate", "dist", "gumbel_rsample", "multiplicative_jitter", "top1gating",
+__all__ = ["TUTEL_INSTALLED", "MOELayer", "TopKGate", "dist", "gumbel_rsample", "multiplicative_jitter", "top1gating",
            "top2gating", "topkgating"]
