@@ -65,6 +65,8 @@ class EngineAccessors:
         self.device = parts.device
         self.precision = parts.precision
         self.reporter = parts.reporter
+        if self.reporter.profiler is not None:
+            self.reporter.profiler.ds_engine = self  # its printed profile names this engine's layout
 
     def deepspeed_io(self, dataset: Any, batch_size: int | None = None, route: str = "train", collate_fn: Any = None,
                      num_workers: int = 0, data_sampler: Any = None) -> DeepSpeedDataLoader:
@@ -123,6 +125,12 @@ class EngineAccessors:
         """The parameters whose gradients are reduced as sparse tensors (DeepSpeed's sparse_gradients): none,
         that config key is not part of dstrain (refused by name), so every gradient is reduced dense."""
         return set()
+
+    @property
+    def flops_profiler(self) -> Any:
+        """DeepSpeed's engine.flops_profiler: dsmonitor's FlopsProfiler when the `flops_profiler` section is
+        enabled (after the profiled step, its `flops` / `macs` / `params` are the totals it printed), else None."""
+        return self.reporter.profiler
 
     @property
     def skipped_steps(self) -> int:

@@ -62,7 +62,10 @@ class StepReporter:
         self.timers = dsmonitor.SynchronizedWallClockTimer(synchronize=torch.cuda.is_available()) \
             if self.breakdown else None
         self.monitor = monitor
-        self.profiler = None
+        # DeepSpeed's engine.flops_profiler: built with the engine when the profiler is enabled; rank 0 profiles
+        # the step flops_profiler.profile_step, and the printed totals stay as profiler.flops / .macs / .params.
+        self.profiler = dsmonitor.FlopsProfiler(module) if flops_profiler.enabled else None
+        self._profiling = False
         self._loss_sum: torch.Tensor | None = None
         self._loss_count = 0
 
@@ -80,10 +83,10 @@ class StepReporter:
     # ------------------------------------------------------------------ per micro-step
     def before_forward(self) -> None:
         cfg = self.profiler_cfg
-        if cfg.enabled and self.rank == 0 and self.progress.global_steps + 1 == cfg.profile_step \
-                and self.profiler is None:
-            self.profiler = dsmonitor.FlopsProfiler(self.module)
+        if self.profiler is not None and self.rank == 0 and self.progress.global_steps + 1 == cfg.profile_step \
+                and not self._profiling and self.profiler.flops is None:
             self.profiler.start_profile()
+            self._profiling = True
 
     def record_loss(self, loss: torch.Tensor) -> None:
         value = loss.detach().float()
@@ -120,7 +123,8 @@ class StepReporter:
             for name in BREAKDOWN:
                 if self.timers.has(name):
                     self.timers(name).reset()
-        if self.profiler is not None and step == self.profiler_cfg.profile_step:
+        if self._profiling and step == self.profiler_cfg.profile_step:
+            self._profiling = False
             cfg = self.profiler_cfg
             self.profiler.stop_profile()
             self.profiler.print_model_profile(profile_step=step, module_depth=cfg.module_depth,
