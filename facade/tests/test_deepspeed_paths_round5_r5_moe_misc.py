@@ -1,5 +1,6 @@
 """DeepSpeed names its own unit tests use (issue 35, round 5: MoE, ZeRO's exception, groups, the flops profiler, the
-version names), resolved under the alias and used. One subprocess: the alias is process-wide."""
+accelerator classes, the version names), resolved under the alias and used. One subprocess: the alias is
+process-wide."""
 
 from alias_snippet import run_alias_snippet
 
@@ -12,12 +13,19 @@ import deepspeed.moe.sharded_moe as sharded_moe
 import deepspeed.utils.groups as groups
 from deepspeed.moe.sharded_moe import top1gating, top2gating, topkgating, _route_slots, _sparse_encode, _sparse_decode
 from deepspeed.runtime.zero.utils import ZeRORuntimeException
+from deepspeed.accelerator import get_accelerator, set_accelerator
+from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
+from deepspeed.accelerator.cuda_accelerator import CUDA_Accelerator
 import dszero.errors
 
 # version names (runtime/test_ds_config_dict.py::test_check_version)
 assert (deepspeed.__version_major__, deepspeed.__version_minor__, deepspeed.__version_patch__) == tuple(
     int(p) for p in deepspeed.__version__.split(".")[:3])
 assert deepspeed.__git_hash__ == "[none]" and deepspeed.__git_branch__ == "[none]"
+
+# the accelerator classes under DeepSpeed's names (AutoEP's test helpers pick the CPU by hand)
+set_accelerator(CPU_Accelerator())
+assert get_accelerator().device_name() == "cpu" and CUDA_Accelerator.__name__ == "CudaAccelerator"
 
 # ZeRO's exception is dszero's error: an except around ZeRO catches dstrain's
 assert ZeRORuntimeException is dszero.errors.ZeroError

@@ -32,6 +32,8 @@ _C = "dstrain.compat"
 MAPPED_PATHS: dict[str, str] = {
     "deepspeed": "dstrain",
     "deepspeed.accelerator": "dstrain.accelerator",
+    "deepspeed.accelerator.cpu_accelerator": "dstrain.accelerator.cpu_accelerator",
+    "deepspeed.accelerator.cuda_accelerator": "dstrain.accelerator.cuda_accelerator",
     "deepspeed.git_version_info": f"{_C}.git_version_info",
     "deepspeed.comm": "dstrain.comm",
     "deepspeed.zero": "dstrain.zero",
