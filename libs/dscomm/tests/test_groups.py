@@ -124,3 +124,21 @@ def test_deepspeed_private_expert_names():
     assert [r[1] for r in results] == [[0, 2], [1, 3], [0, 2], [1, 3]]
     assert all(r[2] == 1 for r in results)  # experts are never tensor-parallel
     assert "use_data_before_expert_parallel_=True" in results[0][3]
+
+
+@pytest.mark.parametrize(("world", "tp", "ep", "pp"), [(16, 2, 4, 1), (16, 2, 2, 2), (8, 1, 8, 1), (8, 1, 1, 2)])
+def test_expert_rank_arithmetic_is_deepspeeds_order_of_the_groups_dims_builds(world, tp, ep, pp):
+    expert, expert_data = groups._get_expert_parallel_ranks(world, tp, ep, pipeline_parallel_size_=pp)
+    dims = dscomm.ParallelDims(world, pipe=pp, tensor=tp, expert=ep)
+    assert sorted(expert) == sorted(dims.partition("expert"))
+    assert sorted(expert_data) == sorted(dims.partition("expert_data"))
+    if (world, tp, ep, pp) == (16, 2, 4, 1):  # DeepSpeed's documented example
+        assert expert == [[0, 2, 4, 6], [8, 10, 12, 14], [1, 3, 5, 7], [9, 11, 13, 15]]
+        assert expert_data == [[0, 8], [2, 10], [4, 12], [6, 14], [1, 9], [3, 11], [5, 13], [7, 15]]
+
+
+def test_expert_rank_arithmetic_names_what_does_not_divide():
+    with pytest.raises(dscomm.CommError):
+        groups._get_expert_parallel_ranks(16, 2, 3)
+    with pytest.raises(dscomm.CommError, match="use_data_before_expert_parallel_=True"):
+        groups._get_expert_parallel_ranks(16, 2, 4, use_data_before_expert_parallel_=True)
