@@ -27,6 +27,15 @@ assert deepspeed.__git_hash__ == "[none]" and deepspeed.__git_branch__ == "[none
 set_accelerator(CPU_Accelerator())
 assert get_accelerator().device_name() == "cpu" and CUDA_Accelerator.__name__ == "CudaAccelerator"
 
+# initialize without a model: a TypeError, and the AssertionError DeepSpeed's assert raises
+for call in (lambda: deepspeed.initialize(model=None, config={"train_batch_size": 1}),
+             lambda: deepspeed.initialize(torch.nn.Linear(2, 2), config={"train_batch_size": 1})):
+    try:
+        call()
+        raise SystemExit("initialize without model= was accepted")
+    except AssertionError as exc:
+        assert isinstance(exc, TypeError) and "needs model=" in str(exc), exc
+
 # ZeRO's exception is dszero's error: an except around ZeRO catches dstrain's
 assert ZeRORuntimeException is dszero.errors.ZeroError
 
