@@ -36,6 +36,21 @@ for call in (lambda: deepspeed.initialize(model=None, config={"train_batch_size"
     except AssertionError as exc:
         assert isinstance(exc, TypeError) and "needs model=" in str(exc), exc
 
+# DeepSpeedConfig._configure_train_batch_size: the triple settled from what a script set, at the data-parallel size
+from deepspeed.runtime.config import DeepSpeedConfig
+config = DeepSpeedConfig({"train_batch_size": 4})
+config.world_size = 2
+config.train_batch_size, config.train_micro_batch_size_per_gpu, config.gradient_accumulation_steps = 32, None, 2
+config._configure_train_batch_size()
+assert (config.train_batch_size, config.train_micro_batch_size_per_gpu, config.gradient_accumulation_steps) == (32, 8, 2)
+for triple in ((33, 17, 2), (None, None, 2)):
+    config.train_batch_size, config.train_micro_batch_size_per_gpu, config.gradient_accumulation_steps = triple
+    try:
+        config._configure_train_batch_size()
+        raise SystemExit(f"batch triple {triple} accepted")
+    except AssertionError as exc:
+        assert isinstance(exc, ValueError) and "train_batch_size" in str(exc), exc
+
 # ZeRO's exception is dszero's error: an except around ZeRO catches dstrain's
 assert ZeRORuntimeException is dszero.errors.ZeroError
 
