@@ -51,6 +51,17 @@ for triple in ((33, 17, 2), (None, None, 2)):
     except AssertionError as exc:
         assert isinstance(exc, ValueError) and "train_batch_size" in str(exc), exc
 
+# AutoEP's layer under DeepSpeed's name; the rest of module_inject (inference injection) is named as not provided
+from deepspeed.module_inject.auto_ep_layer import AutoEPMoELayer
+import deepspeed.module_inject
+import dsmoe.autoep
+assert AutoEPMoELayer is dsmoe.autoep.AutoEPLayer
+try:
+    deepspeed.module_inject.replace_transformer_layer
+    raise SystemExit("module_inject.replace_transformer_layer resolved")
+except AttributeError as exc:
+    assert "does not provide it" in str(exc), exc
+
 # ZeRO's exception is dszero's error: an except around ZeRO catches dstrain's
 assert ZeRORuntimeException is dszero.errors.ZeroError
 

@@ -100,6 +100,8 @@ MAPPED_PATHS: dict[str, str] = {
     "deepspeed.moe.utils": "dstrain.moe.utils",
     "deepspeed.moe.sharded_moe": "dstrain.moe.sharded_moe",
     "deepspeed.moe.experts": "dstrain.moe.experts",
+    "deepspeed.module_inject": f"{_C}.module_inject",
+    "deepspeed.module_inject.auto_ep_layer": f"{_C}.module_inject.auto_ep_layer",
     "deepspeed.runtime.pipe": "dstrain.pipe",
     "deepspeed.runtime.pipe.module": "dstrain.pipe",
     "deepspeed.runtime.pipe.topology": "dstrain.runtime.pipe_topology",
@@ -142,7 +144,7 @@ _PROVIDERS = {"dstrain.pipe": "dspipe", "dstrain.moe": "dsmoe", f"{_C}.pipe": "d
               "dstrain.sequence": "dsseq", f"{_C}.sequence": "dsseq", "dstrain.runtime.sequence_parallel": "dsseq",
               f"{_C}.runtime.sequence_parallel": "dsseq", "dstrain.runtime.data_pipeline": "dsdata",
               f"{_C}.runtime.data_pipeline": "dsdata",
-              "dspipe.schedules": "dspipe"}
+              "dspipe.schedules": "dspipe", f"{_C}.module_inject.auto_ep_layer": "dsmoe"}
 
 
 def libraries_behind(target: str) -> list[str]:
