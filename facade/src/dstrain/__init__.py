@@ -21,7 +21,14 @@ compat/alias.py), `launcher/`, `autotuning/`, `ops/` (optimizers and kernels), `
 import importlib
 import sys
 
-from ._version import __version__
+from ._version import (
+    __git_branch__,
+    __git_hash__,
+    __version__,
+    __version_major__,
+    __version_minor__,
+    __version_patch__,
+)
 from .compat.alias import public_paths_finder
 
 if not any(getattr(finder, "root", None) == "dstrain" for finder in sys.meta_path):
@@ -85,4 +92,5 @@ def __dir__() -> list[str]:
     return sorted([*globals(), *_LAZY])
 
 
-__all__ = ["__version__", *_LAZY]
+__all__ = ["__git_branch__", "__git_hash__", "__version__", "__version_major__", "__version_minor__",
+           "__version_patch__", *_LAZY]

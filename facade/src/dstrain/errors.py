@@ -20,9 +20,15 @@ class EngineUsageError(DstrainError, AssertionError):
     AssertionError too, the type DeepSpeed raises there."""
 
 
+class MissingModelError(DstrainError, TypeError, AssertionError):
+    """initialize() called without a model. A TypeError (a required argument is missing) and an AssertionError too:
+    DeepSpeed asserts the model is given, and scripts catch that type."""
+
+
 class CheckpointTagError(DstrainError, AssertionError):
     """Ranks saving under different tags with checkpoint.tag_validation "Fail". An AssertionError too: DeepSpeed
     raises that type here, and scripts catch it."""
 
 
-__all__ = ["CheckpointLoadError", "CheckpointTagError", "ConfigError", "DstrainError", "EngineUsageError", "UnsupportedFeatureError"]
+__all__ = ["CheckpointLoadError", "CheckpointTagError", "ConfigError", "DstrainError", "EngineUsageError", "MissingModelError",
+           "UnsupportedFeatureError"]

@@ -10,7 +10,7 @@ import dscomm
 from dsconfig import ConfigError, Problem
 
 from .engine.deepspeed_engine import DeepSpeedEngine
-from .errors import DstrainError
+from .errors import DstrainError, MissingModelError
 from .logs import set_log_level
 from .wiring import dsseq as wiring_dsseq
 from .wiring.compose import compose
@@ -40,7 +40,8 @@ def initialize(args: Any = None, model: torch.nn.Module | None = None, optimizer
     UlyssesSPAttentionHF.register_with_transformers (reused as the run's layout).
     """
     if model is None:
-        raise TypeError("initialize() needs model=<your torch.nn.Module>")
+        raise MissingModelError("initialize() needs model=<your torch.nn.Module> (the first positional argument is "
+                                "args, as in DeepSpeed: pass the model by name)")
     if mesh_param is not None:
         raise DstrainError("initialize(mesh_param=...): device meshes are not part of dstrain yet; give the layout "
                            "in the config (tensor_parallel.autotp_size) or pass a Megatron-style mpu")

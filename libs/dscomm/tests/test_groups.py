@@ -109,3 +109,41 @@ def test_groups_need_an_initialised_world():
         pytest.skip("a process group is already up in this process")
     with pytest.raises(dscomm.CommError, match="init_distributed"):
         groups.initialize()
+
+
+def deepspeed_private_expert_names(rank, world):
+    groups._create_expert_and_data_parallel(2)  # DeepSpeed's name for create_expert_groups
+    try:
+        groups._create_expert_and_data_parallel(2, use_data_before_expert_parallel_=True)
+        refused = ""
+    except dscomm.CommError as exc:
+        refused = str(exc)
+    return (groups.get_group_ranks(groups.get_expert_parallel_group(2)),
+            groups.get_group_ranks(groups.get_expert_data_parallel_group(2)),
+            groups._get_expert_model_parallel_world_size(), refused)
+
+
+def test_deepspeed_private_expert_names():
+    results = run_ranks(deepspeed_private_expert_names, 4, timeout=60)
+    assert [r[0] for r in results] == [[0, 1], [0, 1], [2, 3], [2, 3]]
+    assert [r[1] for r in results] == [[0, 2], [1, 3], [0, 2], [1, 3]]
+    assert all(r[2] == 1 for r in results)  # experts are never tensor-parallel
+    assert "use_data_before_expert_parallel_=True" in results[0][3]
+
+
+@pytest.mark.parametrize(("world", "tp", "ep", "pp"), [(16, 2, 4, 1), (16, 2, 2, 2), (8, 1, 8, 1), (8, 1, 1, 2)])
+def test_expert_rank_arithmetic_is_deepspeeds_order_of_the_groups_dims_builds(world, tp, ep, pp):
+    expert, expert_data = groups._get_expert_parallel_ranks(world, tp, ep, pipeline_parallel_size_=pp)
+    dims = dscomm.ParallelDims(world, pipe=pp, tensor=tp, expert=ep)
+    assert sorted(expert) == sorted(dims.partition("expert"))
+    assert sorted(expert_data) == sorted(dims.partition("expert_data"))
+    if (world, tp, ep, pp) == (16, 2, 4, 1):  # DeepSpeed's documented example
+        assert expert == [[0, 2, 4, 6], [8, 10, 12, 14], [1, 3, 5, 7], [9, 11, 13, 15]]
+        assert expert_data == [[0, 8], [2, 10], [4, 12], [6, 14], [1, 9], [3, 11], [5, 13], [7, 15]]
+
+
+def test_expert_rank_arithmetic_names_what_does_not_divide():
+    with pytest.raises(dscomm.CommError):
+        groups._get_expert_parallel_ranks(16, 2, 3)
+    with pytest.raises(dscomm.CommError, match="use_data_before_expert_parallel_=True"):
+        groups._get_expert_parallel_ranks(16, 2, 4, use_data_before_expert_parallel_=True)

@@ -1,5 +1,7 @@
 """Flops of small models against counts worked out by hand (a multiply-add is 2 flops, 1 MAC)."""
 
+import os
+import re
 import time
 
 import pytest
@@ -182,3 +184,28 @@ def test_reading_before_profiling_is_an_error():
         FlopsProfiler(nn.Linear(2, 2)).get_total_flops()
     with pytest.raises(MonitorConfigError, match=r"torch\.nn\.Module"):
         FlopsProfiler(lambda x: x)
+
+
+class _EngineLayout:
+    """What print_model_profile reads of the engine it profiles under (by name, as DeepSpeed's engine has them)."""
+
+    def __init__(self, dp_world_size):
+        self.world_size, self.dp_world_size, self.seq_dp_world_size, self.mp_world_size = 8, dp_world_size, 4, 1
+
+    def train_micro_batch_size_per_gpu(self):
+        return 2
+
+
+@pytest.mark.parametrize(("dp_world_size", "reported"), [(2, "2"), (None, "4")])
+def test_printed_totals_stay_and_the_engine_layout_is_reported(dp_world_size, reported):
+    model = nn.Linear(8, 4)
+    prof = FlopsProfiler(model, ds_engine=_EngineLayout(dp_world_size))
+    assert (prof.flops, prof.macs, prof.params) == (None, None, None)
+    prof.start_profile()
+    model(torch.randn(3, 8))
+    text = prof.print_model_profile(profile_step=1, detailed=False, output_file=os.devnull)
+    prof.end_profile()
+    assert (prof.flops, prof.macs, prof.params) == (2 * 3 * 8 * 4, 3 * 8 * 4, 36)  # kept after end_profile
+    # under Ulysses sequence parallelism dp_world_size is None: the sequence-data-parallel size is the replication
+    assert re.search(r"data parallel size:\s+(\S+)", text).group(1) == reported
+    assert re.search(r"world size:\s+8", text) and re.search(r"batch size per device:\s+2", text)

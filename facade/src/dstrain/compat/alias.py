@@ -32,6 +32,8 @@ _C = "dstrain.compat"
 MAPPED_PATHS: dict[str, str] = {
     "deepspeed": "dstrain",
     "deepspeed.accelerator": "dstrain.accelerator",
+    "deepspeed.accelerator.cpu_accelerator": "dstrain.accelerator.cpu_accelerator",
+    "deepspeed.accelerator.cuda_accelerator": "dstrain.accelerator.cuda_accelerator",
     "deepspeed.git_version_info": f"{_C}.git_version_info",
     "deepspeed.comm": "dstrain.comm",
     "deepspeed.zero": "dstrain.zero",
@@ -61,6 +63,7 @@ MAPPED_PATHS: dict[str, str] = {
     "deepspeed.runtime.checkpoint_engine.checkpoint_engine": f"{_C}.runtime.checkpoint_engine.checkpoint_engine",
     "deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine":
         f"{_C}.runtime.checkpoint_engine.torch_checkpoint_engine",
+    "deepspeed.runtime.zero.utils": "dstrain.runtime.zero.utils",
     "deepspeed.runtime.fp16": "dstrain.runtime.fp16",
     "deepspeed.runtime.fp16.fused_optimizer": "dstrain.runtime.fp16.fused_optimizer",
     "deepspeed.runtime.fp16.unfused_optimizer": "dstrain.runtime.fp16.unfused_optimizer",
@@ -103,6 +106,8 @@ MAPPED_PATHS: dict[str, str] = {
     "deepspeed.moe.utils": "dstrain.moe.utils",
     "deepspeed.moe.sharded_moe": "dstrain.moe.sharded_moe",
     "deepspeed.moe.experts": "dstrain.moe.experts",
+    "deepspeed.module_inject": f"{_C}.module_inject",
+    "deepspeed.module_inject.auto_ep_layer": f"{_C}.module_inject.auto_ep_layer",
     "deepspeed.runtime.pipe": "dstrain.pipe",
     "deepspeed.runtime.pipe.module": "dstrain.pipe",
     "deepspeed.runtime.pipe.topology": "dstrain.runtime.pipe_topology",
@@ -149,7 +154,7 @@ _PROVIDERS = {"dstrain.pipe": "dspipe", "dstrain.moe": "dsmoe", f"{_C}.pipe": "d
               f"{_C}.runtime.sequence_parallel": "dsseq", "dstrain.runtime.tensor_parallel": "dstp",
               f"{_C}.runtime.tensor_parallel": "dstp", "dstrain.runtime.data_pipeline": "dsdata",
               f"{_C}.runtime.data_pipeline": "dsdata",
-              "dspipe.schedules": "dspipe"}
+              "dspipe.schedules": "dspipe", f"{_C}.module_inject.auto_ep_layer": "dsmoe"}
 
 
 def libraries_behind(target: str) -> list[str]:

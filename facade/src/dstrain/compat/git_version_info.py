@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import torch
 
-from .. import __version__
+from .._version import __git_branch__, __git_hash__, __version__
 from ..ops.op_builder import compatible_ops as _compatible_ops
 
 version = __version__
-git_hash = "[none]"  # dstrain is not a DeepSpeed build: no DeepSpeed commit to name
-git_branch = "[none]"
+git_hash = __git_hash__  # dstrain is not a DeepSpeed build: no DeepSpeed commit to name
+git_branch = __git_branch__
 
 compatible_ops = _compatible_ops()
 installed_ops = dict(compatible_ops)

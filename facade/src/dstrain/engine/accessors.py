@@ -65,6 +65,8 @@ class EngineAccessors:
         self.device = parts.device
         self.precision = parts.precision
         self.reporter = parts.reporter
+        if self.reporter.profiler is not None:
+            self.reporter.profiler.ds_engine = self  # its printed profile names this engine's layout
 
     def deepspeed_io(self, dataset: Any, batch_size: int | None = None, route: str = "train", collate_fn: Any = None,
                      num_workers: int = 0, data_sampler: Any = None) -> DeepSpeedDataLoader:
@@ -154,6 +156,12 @@ class EngineAccessors:
             raise DstrainError("_get_optimizer_ckpt_name: this engine has no optimizer, so no optimizer state")
         directory = RunLayout.of(self._parts).shard_directory(Path(checkpoints_path) / str(tag)) / ZERO_DIR
         return str(dszero.checkpoint.shard_path(self.optimizer, directory))
+
+    @property
+    def flops_profiler(self) -> Any:
+        """DeepSpeed's engine.flops_profiler: dsmonitor's FlopsProfiler when the `flops_profiler` section is
+        enabled (after the profiled step, its `flops` / `macs` / `params` are the totals it printed), else None."""
+        return self.reporter.profiler
 
     @property
     def skipped_steps(self) -> int:

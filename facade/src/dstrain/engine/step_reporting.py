@@ -67,7 +67,10 @@ class StepReporter:
         self.throughput = dsmonitor.ThroughputTimer(train_batch_size, start_step=2, steps_per_output=steps_per_print,
                                                     logging_fn=lambda line: log_on_rank0(rank, line),
                                                     synchronize=torch.cuda.is_available())
-        self.profiler = None
+        # DeepSpeed's engine.flops_profiler: built with the engine when the profiler is enabled; rank 0 profiles
+        # the step flops_profiler.profile_step, and the printed totals stay as profiler.flops / .macs / .params.
+        self.profiler = dsmonitor.FlopsProfiler(module) if flops_profiler.enabled else None
+        self._profiling = False
         self._loss_sum: torch.Tensor | None = None
         self._loss_count = 0
 
@@ -88,10 +91,10 @@ class StepReporter:
         if not self.throughput.started:  # from the first forward of a micro-step to its engine.step()
             self.throughput.start()
         cfg = self.profiler_cfg
-        if cfg.enabled and self.rank == 0 and self.progress.global_steps + 1 == cfg.profile_step \
-                and self.profiler is None:
-            self.profiler = dsmonitor.FlopsProfiler(self.module)
+        if self.profiler is not None and self.rank == 0 and self.progress.global_steps + 1 == cfg.profile_step \
+                and not self._profiling and self.profiler.flops is None:
             self.profiler.start_profile()
+            self._profiling = True
 
     def record_loss(self, loss: torch.Tensor) -> None:
         value = loss.detach().float()
@@ -132,7 +135,8 @@ class StepReporter:
             for name in BREAKDOWN:
                 if self.timers.has(name):
                     self.timers(name).reset()
-        if self.profiler is not None and step == self.profiler_cfg.profile_step:
+        if self._profiling and step == self.profiler_cfg.profile_step:
+            self._profiling = False
             cfg = self.profiler_cfg
             self.profiler.stop_profile()
             self.profiler.print_model_profile(profile_step=step, module_depth=cfg.module_depth,

@@ -237,6 +237,42 @@ def create_expert_groups(ep_size: int) -> None:
     _REGISTRY.expert_groups[ep_size] = (*mine["expert"], *mine["expert_data"])
 
 
+def _create_expert_and_data_parallel(expert_parallel_size_: int, use_data_before_expert_parallel_: bool = False) -> None:
+    """DeepSpeed's name for create_expert_groups (collective). Only DeepSpeed's default rank order is built:
+    expert groups of consecutive data-parallel ranks."""
+    if use_data_before_expert_parallel_:
+        raise CommError("_create_expert_and_data_parallel: use_data_before_expert_parallel_=True (expert groups of "
+                        "strided ranks) is not provided; dscomm's expert groups are consecutive data-parallel ranks "
+                        "(leave it False)")
+    create_expert_groups(expert_parallel_size_)
+
+
+def _get_expert_parallel_ranks(world_size: int, tensor_parallel_size_: int, expert_parallel_size_: int,
+                               pipeline_parallel_size_: int = 1,
+                               use_data_before_expert_parallel_: bool = False) -> tuple[list[list[int]], list[list[int]]]:
+    """DeepSpeed's arithmetic of the expert groups (pure: no process group): (expert-parallel groups, expert-data-
+    parallel groups) of a world of `world_size` ranks, as create_expert_groups builds them. DeepSpeed's order: for
+    each data-parallel group (by lowest rank), its expert groups (consecutive chunks of expert_parallel_size_), and
+    its expert-data groups (every expert_parallel_size_-th rank of it, from each offset)."""
+    if use_data_before_expert_parallel_:
+        raise CommError("_get_expert_parallel_ranks: use_data_before_expert_parallel_=True (expert groups of strided "
+                        "ranks) is not provided; dscomm's expert groups are consecutive data-parallel ranks (leave it "
+                        "False)")
+    dims = ParallelDims(world_size, pipe=pipeline_parallel_size_, tensor=tensor_parallel_size_,
+                        expert=expert_parallel_size_)
+    expert, expert_data = [], []
+    for ranks in dims.partition("data"):
+        expert += [ranks[i:i + expert_parallel_size_] for i in range(0, len(ranks), expert_parallel_size_)]
+        expert_data += [ranks[i::expert_parallel_size_] for i in range(expert_parallel_size_)]
+    return expert, expert_data
+
+
+def _get_expert_model_parallel_world_size() -> int:
+    """How many tensor-parallel ranks share one expert: always 1, experts are never tensor-parallel here
+    (dsmoe refuses enable_expert_tensor_parallelism=True), whatever the non-expert layers' tensor parallelism."""
+    return 1
+
+
 def _experts(ep_size: int) -> tuple[Any, list[int], Any, list[int]]:
     registered = _REGISTRY.groups
     if registered is not None and ep_size == registered.dims.expert:

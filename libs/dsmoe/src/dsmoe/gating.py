@@ -69,6 +69,65 @@ class Routing:
         combine, dispatch = self.dense()
         return self.l_aux, combine, dispatch, self.exp_counts
 
+    def per_route(self, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The routes as k rows of S (DeepSpeed's `sparse_routes` layout): (experts [k, S] int32, slots [k, S]
+        int32, weights [k, S]). Row r holds each token's r-th route, its routes ordered by weight, heaviest
+        first; a route the capacity dropped (or a token with fewer routes) has expert -1, slot 0, weight 0."""
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+            raise MoEError(f"Routing.per_route: k={k!r} must be a positive integer (the routes per token)")
+        per_token = torch.bincount(self.tokens, minlength=self.num_tokens)
+        if self.tokens.numel() and int(per_token.max()) > k:
+            raise MoEError(f"Routing.per_route: a token has {int(per_token.max())} routes, more than k={k}")
+        # Heaviest first within a token: sort by weight, then (stably) by token.
+        order = torch.argsort(self.weights.detach(), descending=True, stable=True)
+        order = order[torch.argsort(self.tokens[order], stable=True)]
+        tokens = self.tokens[order]
+        starts = torch.cumsum(per_token, dim=0) - per_token
+        rank = torch.arange(tokens.numel(), device=tokens.device) - starts[tokens]
+        experts = torch.full((k, self.num_tokens), -1, dtype=torch.int32, device=tokens.device)
+        slots = torch.zeros((k, self.num_tokens), dtype=torch.int32, device=tokens.device)
+        experts[rank, tokens] = self.experts[order].to(torch.int32)
+        slots[rank, tokens] = self.slots[order].to(torch.int32)
+        weights = self.weights.new_zeros(k, self.num_tokens).index_put((rank, tokens), self.weights[order])
+        return experts, slots, weights
+
+    def deepspeed_sparse_outputs(self, k: int):
+        """DeepSpeed's gating results with sparse_routes=True: (l_aux, capacity, num_experts, experts [k, S],
+        slots [k, S], weights [k, S], exp_counts); see per_route."""
+        experts, slots, weights = self.per_route(k)
+        return self.l_aux, self.capacity, self.num_experts, experts, slots, weights, self.exp_counts
+
+
+# ------------------------------------------------------------------------- routes as k rows of S
+def route_slots(experts: torch.Tensor, slots: torch.Tensor, num_experts: int, capacity: int) -> torch.Tensor:
+    """Each route's place in the flat [num_experts * capacity] expert buffer (expert * capacity + slot); a
+    dropped route (expert -1) gets the one place past the end, num_experts * capacity."""
+    flat = experts.long() * capacity + slots.long()
+    return torch.where(experts >= 0, flat, torch.full_like(flat, num_experts * capacity))
+
+
+def encode_routes(tokens: torch.Tensor, places: torch.Tensor, num_experts: int, capacity: int) -> torch.Tensor:
+    """The experts' input buffer [num_experts, capacity, model] from tokens [S, model] and each route's place
+    (route_slots); a slot no route fills is zero. One gather: each place is read from the token routed to it."""
+    num_tokens, model = tokens.shape
+    end = num_experts * capacity
+    token_of_place = torch.full((end + 1,), num_tokens, dtype=torch.long, device=tokens.device)
+    token_ids = torch.arange(num_tokens, device=tokens.device).expand_as(places)
+    token_of_place.scatter_(0, places.reshape(-1), token_ids.reshape(-1))
+    padded = torch.cat([tokens, tokens.new_zeros(1, model)])
+    return padded[token_of_place[:end]].view(num_experts, capacity, model)
+
+
+def decode_routes(expert_output: torch.Tensor, places: torch.Tensor, weights: torch.Tensor,
+                  num_tokens: int) -> torch.Tensor:
+    """Each token's output [S, model]: the sum over its routes of the expert output at the route's place
+    (expert_output is [num_experts * capacity, model]) times the route's weight; summed in the weights'
+    dtype (float32 from the gates), returned in the experts' dtype."""
+    model = expert_output.shape[-1]
+    padded = torch.cat([expert_output, expert_output.new_zeros(1, model)])
+    gathered = padded[places.reshape(-1)].view(places.shape[0], num_tokens, model)
+    return (gathered * weights.unsqueeze(-1)).sum(dim=0).to(expert_output.dtype)
+
 
 def _no_drop_capacity(exp_counts: torch.Tensor, reduce_max_load: MaxLoad | None) -> int:
     local = int(exp_counts.max().item()) if exp_counts.numel() else 0

@@ -52,6 +52,10 @@ def _data_parallel_size(mpu: Any) -> int:
     return dscomm.get_world_size() if dscomm.is_initialized() else 1
 
 
+class BatchConfigError(DeepSpeedConfigError, AssertionError):
+    """A batch triple that does not hold or is not determined. An AssertionError too: DeepSpeed asserts there."""
+
+
 class DeepSpeedConfig:
     """A whole DeepSpeed config, loaded and checked by dsconfig, with DeepSpeed's attribute names."""
 
@@ -62,6 +66,22 @@ class DeepSpeedConfig:
             warnings.simplefilter("ignore", dsconfig.ConfigWarning)  # DeepSpeed's own spellings, read quietly
             self.config = dsconfig.load(raw, world_size=_data_parallel_size(mpu), strict=False)
         self.world_size = self.config.data_parallel_size
+
+    def _configure_train_batch_size(self) -> None:
+        """DeepSpeed's step that settles the batch triple from what is set (a script may set train_batch_size,
+        train_micro_batch_size_per_gpu and gradient_accumulation_steps on the object, None for unset): the missing
+        ones are derived at the data-parallel size (`world_size`), as dsconfig derives them; a triple that does not
+        hold, or that two unset values leave open, is a BatchConfigError (an AssertionError too, as DeepSpeed's)."""
+        from dsconfig.batch import GAS, MB, TB, resolve_batch_triple
+
+        known = {key: getattr(self, key) for key in (TB, MB, GAS)}
+        try:
+            triple = resolve_batch_triple({k: v for k, v in known.items() if v is not None}, explicit_auto=(),
+                                          data_parallel_size=self.world_size, require=True)
+        except DeepSpeedConfigError as exc:
+            raise BatchConfigError(exc.problems, source=exc.source) from None
+        for key, value in triple.items():
+            setattr(self, key, value)
 
     def __getattr__(self, name: str) -> Any:
         config = self.__dict__.get("config")

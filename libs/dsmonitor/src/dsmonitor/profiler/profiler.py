@@ -25,9 +25,15 @@ class FlopsProfiler:
         if not isinstance(model, torch.nn.Module):
             raise MonitorConfigError(f"FlopsProfiler profiles a torch.nn.Module, got {type(model).__name__}")
         self.model = model
-        self.ds_engine = ds_engine  # accepted for DeepSpeed's signature; the engine is not needed here
+        # The engine the profile is taken under (DeepSpeed's signature): print_model_profile reports its layout
+        # (world_size, dp_world_size, mp_world_size, train_micro_batch_size_per_gpu(), read by name).
+        self.ds_engine = ds_engine
         self.started = False
         self._accounting: ModuleAccounting | None = None
+        # The figures of the last printed profile: they stay after end_profile() (None before any).
+        self.flops: int | None = None
+        self.macs: int | None = None
+        self.params: int | None = None
 
     def start_profile(self, ignore_list: Iterable[type] | None = None) -> None:
         """Count from now on; modules whose type is in ignore_list get no entry of their own."""
@@ -84,9 +90,12 @@ class FlopsProfiler:
 
     def print_model_profile(self, profile_step: int = 1, module_depth: int = -1, top_modules: int = 1,
                             detailed: bool = True, output_file: str | None = None) -> str:
-        """Print (or write to output_file) the profile; returns the text too."""
+        """Print (or write to output_file) the profile; returns the text too. The totals printed stay readable as
+        `flops`, `macs` and `params` after end_profile()."""
         _check_print_args(module_depth, top_modules)
-        text = render(self.module_stats(), profile_step, module_depth, top_modules, detailed)
+        stats = self.module_stats()
+        text = render(stats, profile_step, module_depth, top_modules, detailed, self.ds_engine)
+        self.flops, self.macs, self.params = stats[0].flops, stats[0].macs, stats[0].params
         if output_file is None:
             sys.stdout.write(text)
         else:

@@ -18,11 +18,30 @@ def _percent(part: float, whole: float) -> str:
     return f"{100.0 * part / whole:.2f}%" if whole else "0.00%"
 
 
-def summary(root: ModuleStats, profile_step: int) -> list[str]:
+def engine_layout(engine) -> list[str]:
+    """The training layout lines of a profile taken under an engine (DeepSpeed's engine attributes, read by name):
+    world size, data parallel size (the sequence-data-parallel size where dp_world_size is None, as under
+    Ulysses sequence parallelism), model parallel size and batch size per device. None: no lines."""
+    if engine is None:
+        return []
+    data = getattr(engine, "dp_world_size", None)
+    if data is None:
+        data = getattr(engine, "seq_dp_world_size", None)
+    micro = getattr(engine, "train_micro_batch_size_per_gpu", None)
+    return [
+        f"world size:                             {getattr(engine, 'world_size', None)}",
+        f"data parallel size:                     {data}",
+        f"model parallel size:                    {getattr(engine, 'mp_world_size', 1)}",
+        f"batch size per device:                  {micro() if callable(micro) else micro}",
+    ]
+
+
+def summary(root: ModuleStats, profile_step: int, engine=None) -> list[str]:
     rate = root.flops / root.duration if root.duration else 0.0
     return [
         f"{RULE} dsmonitor Flops Profiler {RULE}",
         f"Profile Summary at step {profile_step}:",
+        *engine_layout(engine),
         f"params per device:                      {params_to_string(root.params)}",
         f"fwd MACs per device:                    {macs_to_string(root.macs)}",
         f"fwd flops per device:                   {number_to_string(root.flops)}",
@@ -78,9 +97,9 @@ def detailed(modules: list[ModuleStats], root: ModuleStats, module_depth: int) -
 
 
 def render(modules: list[ModuleStats], profile_step: int, module_depth: int, top_modules: int,
-           detailed_view: bool) -> str:
+           detailed_view: bool, engine=None) -> str:
     root = modules[0]
-    lines = [*summary(root, profile_step), "", *aggregated(modules, module_depth, top_modules)]
+    lines = [*summary(root, profile_step, engine), "", *aggregated(modules, module_depth, top_modules)]
     if detailed_view:
         lines += ["", *detailed(modules, root, module_depth)]
     lines.append("-" * 80)

@@ -10,7 +10,8 @@ from .stage3 import unwrap_model_for_generation
 __getattr__ = submodule_attributes(__name__, {"partition_parameters": "dszero.partition_parameters",
                                               "offload_config": ".offload_config", "config": ".config",
                                               "leaf_module_config": ".leaf_module_config",
-                                              "stage_1_and_2": ".stage_1_and_2", "stage3": ".stage3"},
+                                              "stage_1_and_2": ".stage_1_and_2", "stage3": ".stage3",
+                                              "utils": ".utils"},
                                  "deepspeed.runtime.zero")
 
 __all__ = ["GatheredParameters", "Init", "ZeroParamStatus", "unwrap_model_for_generation"]
