@@ -169,14 +169,14 @@ class Stage3:
         if self.module_hook_handles:
             return
         for submodule in self.hooked_modules:  # three per module, in this order (ZeroOptimizer.forward_hooks)
-            self.module_hook_handles += [submodule.register_forward_pre_hook(self._before_forward),
-                                         submodule.register_forward_hook(self._after_forward),
-                                         submodule.register_full_backward_pre_hook(self._before_backward)]
-        self.frozen_hook_handles = [submodule.register_full_backward_hook(self._after_backward)
+            self.module_hook_handles += [submodule.register_forward_pre_hook(_eager(self._before_forward)),
+                                         submodule.register_forward_hook(_eager(self._after_forward)),
+                                         submodule.register_full_backward_pre_hook(_eager(self._before_backward))]
+        self.frozen_hook_handles = [submodule.register_full_backward_hook(_eager(self._after_backward))
                                     for submodule in self.frozen_modules]
         for submodule in self.stack_modules:
-            self.stack_hook_handles += [submodule.register_forward_pre_hook(self._enter),
-                                        submodule.register_forward_hook(self._exit)]
+            self.stack_hook_handles += [submodule.register_forward_pre_hook(_eager(self._enter)),
+                                        submodule.register_forward_hook(_eager(self._exit))]
         for submodule in self.external_modules.values():
             self._hook_backward(submodule)
         external.watch(self.owners, self)
@@ -214,7 +214,7 @@ class Stage3:
 
     def _hook_backward(self, module: torch.nn.Module) -> None:
         if id(module) not in self.external_hook_handles and not any(m is module for m in self.hooked_modules):
-            self.external_hook_handles[id(module)] = module.register_full_backward_pre_hook(self._before_backward)
+            self.external_hook_handles[id(module)] = module.register_full_backward_pre_hook(_eager(self._before_backward))
 
     def read_released(self, param: torch.nn.Parameter) -> None:
         """A forward read a released partitioned parameter outside its module's forward: gather it now, and
@@ -622,3 +622,9 @@ def _returned_parameters(output: Any, candidates: list[torch.nn.Parameter]) -> l
                 found.append(param)
                 break
     return found
+
+
+def _eager(hook: Any) -> Any:
+    """A hook torch.compile runs as it is, outside its graph (a graph break): gathering and releasing swap
+    parameters' storage, which a traced graph cannot hold (engine.compile() of a stage-3 model without DeepCompile)."""
+    return torch.compiler.disable(hook, recursive=True)
