@@ -105,7 +105,14 @@ def test_moe_names_load_as_deepspeeds():
     from dstrain.moe.sharded_moe import top1gating
     from dstrain.moe.utils import is_moe_param, split_params_into_different_moe_groups_for_optimizer
 
-    assert MoE is dsmoe.MoE and top1gating is dsmoe.top1gating and is_moe_param is dsmoe.is_moe_param
+    assert MoE is dsmoe.MoE and is_moe_param is dsmoe.is_moe_param
+    # DeepSpeed's top1gating signature (ep_group, sparse routes) over dsmoe's: the same gating for the same logits.
+    logits = torch.randn(16, 4, generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(1)  # random token selection draws from the global generator
+    ours = top1gating(logits, 1.0, 4)
+    torch.manual_seed(1)
+    for mine, theirs in zip(ours, dsmoe.top1gating(logits, 1.0, 4), strict=True):
+        assert torch.equal(mine, theirs)
     assert split_params_into_different_moe_groups_for_optimizer is dsmoe.split_params_into_different_moe_groups_for_optimizer
     assert dstrain.moe.moe_aux_loss is dsmoe.moe_aux_loss
 
