@@ -248,15 +248,19 @@ class Stage3:
             if unit is None or not unit.gathered or any(id(param) in m.__dict__.get("_external_params", {})
                                                         for m in self.forward_stack[:-1]):
                 continue  # an enclosing forward holds it already (gathered with that module's own units)
+            caller_holds = unit in self.units_of_module.get(id(caller), ())  # another parameter of the unit
             if unit in self.external_units.get(id(module), []):  # handed up through `module`: it only passed it on
                 self.external_units[id(module)].remove(unit)
                 self.units_of_module[id(module)].remove(unit)
                 module._external_params.pop(id(param), None)
-            else:
+                if caller_holds:
+                    self.in_forward[id(unit)] -= 1  # `module`'s hold goes; the caller's own counts already
+            elif not caller_holds:
                 self.in_forward[id(unit)] += 1  # the caller's hold; `module`'s own is given back below
-            self._add_external_unit(caller, unit)
             caller._external_params[id(param)] = param
-            self._pin(unit)
+            if not caller_holds:
+                self._add_external_unit(caller, unit)
+                self._pin(unit)
 
     def _enter(self, module, args):
         """Forward pre-hook of a module without units of its own: the forward stack, and any external units."""
