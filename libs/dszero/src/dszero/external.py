@@ -12,6 +12,7 @@ the parameter released (empty). Two ways to make it whole there, as in DeepSpeed
 
 from __future__ import annotations
 
+import copy
 import weakref
 from typing import Any
 
@@ -71,7 +72,6 @@ class WatchedParameters(dict):
         return dict, (dict(self),)
 
     def __deepcopy__(self, memo: dict) -> dict:
-        import copy
         return {name: copy.deepcopy(value, memo) for name, value in self.items()}
 
 

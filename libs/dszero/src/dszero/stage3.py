@@ -122,8 +122,8 @@ class Stage3:
         self.frozen_hook_handles: list[Any] = []  # their full backward hooks (kept apart: three per module above)
         # External parameters (external.py): every other module keeps the forward stack; the modules that read
         # another's parameters gather them with a backward pre-hook of their own.
-        hooked = {id(m) for m in self.hooked_modules}
-        self.stack_modules = [m for m in module.modules() if id(m) not in hooked]
+        self.hooked_ids = {id(m) for m in self.hooked_modules}
+        self.stack_modules = [m for m in module.modules() if id(m) not in self.hooked_ids]
         self.stack_hook_handles: list[Any] = []
         self.external_units: dict[int, list[Unit]] = {}  # id(module) -> the units it reads of other modules
         self.external_modules: dict[int, torch.nn.Module] = {}
@@ -208,12 +208,12 @@ class Stage3:
         self.external_units.setdefault(id(module), []).append(unit)
         if id(module) not in self.external_modules:
             self.external_modules[id(module)] = module
-            if self.module_hook_handles and not any(m is module for m in self.hooked_modules):
+            if self.module_hook_handles:
                 self._hook_backward(module)
         return True
 
     def _hook_backward(self, module: torch.nn.Module) -> None:
-        if id(module) not in self.external_hook_handles and not any(m is module for m in self.hooked_modules):
+        if id(module) not in self.external_hook_handles and id(module) not in self.hooked_ids:
             self.external_hook_handles[id(module)] = module.register_full_backward_pre_hook(_eager(self._before_backward))
 
     def read_released(self, param: torch.nn.Parameter) -> None:
