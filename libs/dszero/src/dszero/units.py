@@ -258,13 +258,22 @@ class Unit:
 
     def refresh(self) -> None:
         """Re-gather a unit that stays gathered (persistent), so it shows the updated weights."""
+        if self.start_refresh():
+            self.gather()
+
+    def start_refresh(self) -> bool:
+        """Launch refresh()'s re-gather and return (the next gather() waits for it), so the refreshes of many
+        units travel together; False when the unit is not gathered (nothing to refresh). A shard read from NVMe
+        is re-gathered at once: its read buffers are few, and prefetching must not take the last one."""
         if self.routes is not None:
             self.routes.weights_changed(self)
-        if self.gathered:
-            if self.pending is not None:
-                self._finish()
-            self.gathered = False
-            self.gather()
+        if not self.gathered:
+            return False
+        if self.pending is not None:
+            self._finish()
+        self.gathered = False
+        self._start(async_op=getattr(self.home, "spare_buffers", None) is None)
+        return True
 
     def gathered_bytes(self) -> int:
         return self.model_flat.numel() * self.model_flat.element_size() if self.gathered else 0

@@ -30,5 +30,8 @@ class GatherShards:
 
 class RefreshUnits:
     def publish(self, groups: list[Any]) -> None:
-        for unit in groups:
-            unit.refresh()  # units that stay gathered show the new weights
+        # Units that stay gathered show the new weights: every re-gather is launched, then each is waited for
+        # (in the same order on every rank), so many small units' collectives do not each wait for the last.
+        refreshing = [unit for unit in groups if unit.start_refresh()]
+        for unit in refreshing:
+            unit.gather()
