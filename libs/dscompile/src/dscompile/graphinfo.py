@@ -44,6 +44,7 @@ class Budgets:
 
     prefetch_bytes: int = 0  # gathered ahead of their use, at any time (stage3_prefetch_bucket_size)
     live_bytes: int = 1 << 62  # gathered parameters at any time, kept ones included (stage3_max_live_parameters)
+    reuse_bytes: int = 1 << 62  # a forward's unit stays gathered for backward if reused within this (max_reuse_distance)
     peak_bytes: int | None = None  # a graph's peak (kept units included) prefetch and selective gather stay within
     keep_margin: float = 0.1  # no peak_bytes given: kept units may add this much of the profiled step peak
     gathers_ahead: int = 2  # gathers in flight at once (double_buffer: 2, else 1)

@@ -30,6 +30,7 @@ from .graphinfo import Budgets, GraphInfo, ParamSlot, Profile, UnitSlot
 from .memory import profile_memory
 from .passes import choose_kept_units, keep_budget
 from .profiling import InputStore, time_graph
+from .reuse import ForwardReuse
 from .schedule import Entry, default_schedule, entry_at, names_in, validate_schedule
 
 logger = logging.getLogger("dscompile")
@@ -87,7 +88,9 @@ class DeepCompileRuntime:
         self.stats: Counter[str] = Counter()
         self.pending: dict[int, tuple[Any, float, int]] = {}
         self.live_gathered = self.peak_gathered = self.ahead = self.peak_ahead = 0
+        self.reuse = ForwardReuse(self.budgets.reuse_bytes, self.budgets.live_bytes)
         self.kept_units: frozenset[int] = frozenset()
+        self.kept_bytes = 0  # of the kept units: stage3_max_live_parameters counts them as gathered
         self.entry_index = 0
         self.epoch = 0
         self.profile = Profile()
@@ -108,8 +111,10 @@ class DeepCompileRuntime:
 
     # ------------------------------------------------------------------ what the passes see
     @staticmethod
-    def _budgets_from_numbers(prefetch_numel: int, live_numel: int, itemsize: int, settings: CompileConfig) -> Budgets:
+    def _budgets_from_numbers(prefetch_numel: int, live_numel: int, itemsize: int, settings: CompileConfig,
+                              reuse_numel: int = 1 << 62) -> Budgets:
         return Budgets(prefetch_bytes=int(prefetch_numel) * itemsize, live_bytes=int(live_numel) * itemsize,
+                       reuse_bytes=int(reuse_numel) * itemsize,
                        gathers_ahead=2 if settings.double_buffer else 1,
                        free_activation_bytes=settings.free_activation_threshold)
 
@@ -117,7 +122,7 @@ class DeepCompileRuntime:
         config = zero.config
         itemsize = self.params[0].dtype.itemsize if self.params else 4
         return self._budgets_from_numbers(config.stage3_prefetch_bucket_size, config.stage3_max_live_parameters,
-                                          itemsize, self.settings)
+                                          itemsize, self.settings, config.stage3_max_reuse_distance)
 
     def passes_now(self) -> tuple[Any, ...]:
         return self.schedule[self.entry_index][1]
@@ -147,6 +152,7 @@ class DeepCompileRuntime:
             return
         self.window_depth += 1
         if self.window_depth == 1:
+            self.live_gathered -= self.reuse.start_forward(torch.is_grad_enabled())
             self.hollow_released()
         try:
             if self.window_depth == 1:
@@ -217,8 +223,9 @@ class DeepCompileRuntime:
         for key in sorted(kept - set(self.kept_units)):
             self.controls.keep_gathered(self.units[key], True)
         self.kept_units = kept
+        self.kept_bytes = sum(self.unit_slots[k].nbytes for k in kept)
         self.stats["kept_units"] = len(kept)
-        self.stats["kept_bytes"] = sum(self.unit_slots[k].nbytes for k in kept)
+        self.stats["kept_bytes"] = self.kept_bytes
         self.stats["keep_budget_bytes"] = (self.budgets.peak_bytes or 0) - graph_peak if profiles else 0
 
     def _resident_bytes(self, kept_bytes: int) -> int:
@@ -283,11 +290,17 @@ class DeepCompileRuntime:
             self.controls.finish_reductions()
 
     def op_gather(self, unit_key: int, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        size = numel * dtype.itemsize
+        if not self.profiling:
+            kept = self.reuse.on_gather(unit_key, size)
+            if kept is not None:  # the forward left it gathered for this backward: no collective
+                self.stats["reused"] += 1
+                return kept
+            self.live_gathered -= self.reuse.make_room(size, self.live_gathered + self.kept_bytes)
         self._sync("before_allgather")
         unit = self.units[unit_key]
         buffer = torch.empty(numel, dtype=dtype, device=device)
         handle = self.controls.gather_into(unit, buffer, async_op=True)
-        size = buffer.numel() * buffer.element_size()
         self._note_ahead()  # what other gathers are in flight while this one starts
         self.pending[unit_key] = (handle, time.perf_counter(), size)
         self.stats["gathers"] += 1
@@ -319,9 +332,13 @@ class DeepCompileRuntime:
         self.stats["waits"] += 1
 
     def op_release(self, unit_key: int, buffer: torch.Tensor) -> None:
-        # The graph frees the buffer right after this op (its last use); what the runtime tracks is the count.
-        self.live_gathered -= buffer.numel() * buffer.element_size()
+        # The graph frees the buffer right after this op (its last use) unless the forward keeps it for backward.
         self.stats["releases"] += 1
+        if not self.profiling and self.window_depth > 0 and self.reuse.on_release(
+                unit_key, buffer, self.live_gathered + self.kept_bytes):
+            self.stats["kept_for_backward"] += 1
+            return
+        self.live_gathered -= buffer.numel() * buffer.element_size()
 
     def op_reduce_grad(self, param_key: int, grad: torch.Tensor) -> None:
         if self.profiling:
@@ -394,6 +411,7 @@ class DeepCompileRuntime:
     def _end_of_backward(self) -> None:
         self.end_queued = False
         self.backward_count += 1
+        self.live_gathered -= self.reuse.drop()  # a unit the backward did not read after all
         for unit in list(self.pending):
             self._complete_gather(unit)
         if self.states_offloaded:  # a backward graph that did not bring them back: the step needs them home
@@ -409,11 +427,13 @@ class DeepCompileRuntime:
         self.controls.restore_module_hooks()
         for unit in list(self.pending):
             self._complete_gather(unit)
+        self.live_gathered -= self.reuse.drop()
         if self.states_offloaded:
             self.op_reload_states()
         for key in sorted(self.kept_units):
             self.controls.keep_gathered(self.units[key], False)
         self.kept_units = frozenset()
+        self.kept_bytes = 0
         hook = getattr(self, "_step_hook", None)
         if hook is not None:
             hook.remove()
