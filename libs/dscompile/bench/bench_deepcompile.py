@@ -12,6 +12,7 @@ states, kept parameters) plus the most malloc handed out above that during them 
 which counts the same things for every configuration.
 
     flock /tmp/dstrain-bench.lock python libs/dscompile/bench/bench_deepcompile.py [--steps 6] [--rounds 3]
+        [--kinds ddp,zero1,zero3,compiled_zero3[,compiled_zero3_nokeep]]   # nokeep: no selective gather
 """
 
 from __future__ import annotations
@@ -124,8 +125,12 @@ def run(rank: int, world: int, kind: str, steps: int, backend: str) -> dict:
         cfg = ZeroConfig(stage=stage, stage3_param_persistence_threshold=100_000,
                          stage3_prefetch_bucket_size=5_000_000)
         zero = dszero.ZeroOptimizer(model, torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True), cfg)
-        if kind == "compiled_zero3":
-            runtime = dscompile.deepcompile(model, zero, CompileConfig(deepcompile=True), backend=backend)
+        if kind.startswith("compiled_zero3"):
+            schedule = None  # the default: prefetch and selective gather from step WARMUP
+            if kind == "compiled_zero3_nokeep":  # a custom schedule without selective gather (nothing kept)
+                schedule = [(0, ["zero3_compile"]), (dscompile.WARMUP, ["zero3_compile", "prefetch"])]
+            runtime = dscompile.deepcompile(model, zero, CompileConfig(deepcompile=True), backend=backend,
+                                            schedule=schedule)
 
         def step(tokens):
             loss = nn.functional.cross_entropy(model(tokens[:, :-1]).reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))

@@ -80,6 +80,8 @@ def selective_gather(graph: fx.Graph, info: GraphInfo) -> fx.Graph:
         graph.erase_node(start)
         removed += 1
     info.decisions["kept_units"] = sorted(info.kept_units)
-    info.decisions["gathers_removed"] = info.decisions.get("gathers_removed", 0) + removed
+    if removed:  # the runtime marks kept units persistent before the graphs are compiled again, so zero3_compile
+        # gave them no gathers; only a graph compiled while they were partitioned has any to take out
+        info.decisions["gathers_removed"] = info.decisions.get("gathers_removed", 0) + removed
     graph.lint()
     return graph
