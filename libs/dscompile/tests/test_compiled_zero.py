@@ -168,3 +168,19 @@ def test_compiled_zero3_reduces_each_unit_once_per_backward_as_eager():
     # gradient then launched every unit at once, and each later gradient reduced its whole unit again.
     for counts in run_ranks(_reductions, 2, timeout=300):
         assert counts[True] == counts[False] > 0, counts
+
+
+def _keep_nothing_gathered_once(rank, world):
+    schedule = [(0, ["zero3_compile"]), (2, ["zero3_compile", "prefetch", "selective_gather"])]
+    return (train(rank, stage=3, compiled=False, steps=4, gas=1),
+            train(rank, stage=3, compiled=True, steps=4, gas=1, schedule=schedule))
+
+
+def test_selective_gather_keeps_no_unit_its_forward_already_keeps_for_backward():
+    # One micro-step a step: from step 1 on each unit is gathered once (in forward; backward reads what the forward
+    # kept), so keeping it across steps would only trade that gather for a refresh after the step, and hold it.
+    for eager, compiled in run_ranks(_keep_nothing_gathered_once, 2, timeout=300):
+        assert_same_training(eager, compiled)
+        stats = compiled["stats"]
+        assert stats["schedule_switches"] == 1 and stats.get("kept_units", 0) == 0
+        assert stats["reused"] == 4 * 3  # the 4 units backward reads, in steps 1-3

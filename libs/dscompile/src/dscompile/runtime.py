@@ -89,6 +89,9 @@ class DeepCompileRuntime:
         self.pending: dict[int, tuple[Any, float, int]] = {}
         self.live_gathered = self.peak_gathered = self.ahead = self.peak_ahead = 0
         self.reuse = ForwardReuse(self.budgets.reuse_bytes, self.budgets.live_bytes)
+        self.step_gathers: Counter[int] = Counter()  # collectives gathering each unit in the step running now
+        self.last_step_gathers: Counter[int] = Counter()  # ... in the last whole optimizer step
+        self.gathers_step = 0  # the optimizer step step_gathers counts
         self.kept_units: frozenset[int] = frozenset()
         self.kept_bytes = 0  # of the kept units: stage3_max_live_parameters counts them as gathered
         self.entry_index = 0
@@ -183,7 +186,10 @@ class DeepCompileRuntime:
 
     # ------------------------------------------------------------------ the schedule
     def advance_schedule(self) -> None:
-        index = entry_at(self.schedule, int(self.step_source()))
+        step = int(self.step_source())
+        if step != self.gathers_step:
+            self.last_step_gathers, self.step_gathers, self.gathers_step = self.step_gathers, Counter(), step
+        index = entry_at(self.schedule, step)
         if index != self.entry_index:
             self.switch_to(index)
 
@@ -216,6 +222,10 @@ class DeepCompileRuntime:
             free, _total = torch.cuda.mem_get_info(self.params[0].device)
             headroom = int(self._min_over_ranks(float(free)) * 0.9)
         candidates = {k: u for k, u in self.unit_slots.items() if not self.units[k].persistent or k in self.kept_units}
+        if self.last_step_gathers:
+            # Keeping a unit saves its gathers but costs a refresh after each step: one gathered once a step (read
+            # in forward and kept for backward) saves nothing, and would hold its memory through the step.
+            candidates = {k: u for k, u in candidates.items() if k in self.kept_units or self.last_step_gathers[k] > 1}
         kept = choose_kept_units(candidates, at_once, self.budgets, self.profile, headroom,
                                  graph_peak if profiles else None)
         for key in sorted(set(self.kept_units) - kept):
@@ -297,6 +307,7 @@ class DeepCompileRuntime:
                 self.stats["reused"] += 1
                 return kept
             self.live_gathered -= self.reuse.make_room(size, self.live_gathered + self.kept_bytes)
+            self.step_gathers[unit_key] += 1
         self._sync("before_allgather")
         unit = self.units[unit_key]
         buffer = torch.empty(numel, dtype=dtype, device=device)
