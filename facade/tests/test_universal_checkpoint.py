@@ -212,3 +212,51 @@ def test_the_command_converts_and_is_reachable_under_deepspeeds_name(tmp_path):
     assert "wrote" in run.stdout and (tmp_path / "latest_universal").read_text() == out.name
     names = {p.name for p in (UNIVERSAL / "global_step3_universal" / "zero").iterdir() if p.is_dir()}
     assert {p.name for p in (out / "zero").iterdir() if p.is_dir()} == names
+
+
+def save_with_universal_info(rank, world, directory):
+    engine, *_ = dstrain.initialize(model=im.make_lm(), config=run_config(1, world, universal=False))
+    train(engine, rank, world, 0, 1)
+    # DeepSpeed's converter requires the client to put a universal_checkpoint_info in the client state (its own
+    # unit test puts an empty one, Megatron-DeepSpeed its merge patterns).
+    engine.save_checkpoint(directory, tag="tagged", client_state={
+        "universal_checkpoint_info": {"original_vocab_size": 7}, "note": "mine"})
+    return engine.global_steps
+
+
+def test_a_client_universal_info_and_deepspeeds_namespace_arguments_convert(tmp_path):
+    """DeepSpeed's unit test (checkpoint/test_universal_checkpoint.py) calls `ds_to_universal.main` with a
+    `types.SimpleNamespace` of its arguments after saving `client_state={'universal_checkpoint_info': {}, ...}`:
+    both convert, the client's info is kept beside the layout's version, and the result loads at another size."""
+    import types
+
+    steps = run_ranks(save_with_universal_info, 2, str(tmp_path), timeout=180)[0]
+    out = tmp_path / "tagged_universal"
+    args = types.SimpleNamespace(input_folder=str(tmp_path / "tagged"), output_folder=str(out), num_extract_workers=1,
+                                 num_merge_workers=1, keep_temp_folder=False, strict=True, inject_missing_state=False)
+    assert ds_to_universal.main(args) == 0
+    states = load_pickle(out / "mp_rank_00_model_states.pt")
+    assert states["universal_checkpoint_info"] == {"original_vocab_size": 7, "universal_checkpoint_version": 0.4}
+    assert states["note"] == "mine"
+    (path, client, loaded_steps), _ = run_ranks(load_and_train, 1, str(tmp_path), 1, 1, timeout=180)[0]
+    assert Path(path) == out and client == {"note": "mine"} and loaded_steps == steps
+
+
+def test_namespace_arguments_and_universal_info_that_are_wrong_are_named(tmp_path, capsys):
+    import types
+
+    with pytest.raises(TypeError, match="output_folder"):
+        ds_to_universal.main(types.SimpleNamespace(input_folder=str(tmp_path)))
+    with pytest.raises(TypeError, match="num_extract_workers='2'"):
+        ds_to_universal.main(types.SimpleNamespace(input_folder="a", output_folder="b", num_extract_workers="2"))
+    with pytest.raises(TypeError, match="not a str"):
+        ds_to_universal.main("--input_folder a")
+    steps = run_ranks(save_with_universal_info, 1, str(tmp_path), timeout=180)[0]
+    assert steps == 1
+    from dstrain.checkpoint.universal import writer
+
+    whole = ds_to_universal.read_checkpoint(tmp_path / "tagged")
+    whole.client_state["universal_checkpoint_info"] = "patterns"
+    with pytest.raises(CheckpointLoadError, match="'universal_checkpoint_info' is a str"):
+        writer.write_universal(whole, tmp_path / "bad")
+    assert not (tmp_path / "bad").exists()

@@ -66,9 +66,33 @@ def read_checkpoint(folder: str | Path) -> WholeCheckpoint:
                               f"(mp_rank_XX_model_states.pt ...), and no 'latest' file names one")
 
 
+# DeepSpeed's optional arguments and their defaults: a caller's namespace may leave them out.
+_OPTIONAL = {"num_extract_workers": 4, "num_merge_workers": 2, "keep_temp_folder": False, "strict": True,
+             "inject_missing_state": False}
+
+
+def _arguments(args: object) -> argparse.Namespace:
+    """`args` as parse_arguments' namespace: None or a list of strings is a command line; any other object is read
+    by attribute, as DeepSpeed's main reads it (its own tests pass a `types.SimpleNamespace`)."""
+    if args is None or isinstance(args, (list, tuple)):
+        return parse_arguments(None if args is None else list(args))
+    if isinstance(args, (str, bytes, dict)):
+        raise TypeError(f"ds_to_universal.main: args must be a list of command-line strings or a namespace with "
+                        f"input_folder and output_folder attributes, not a {type(args).__name__}")
+    missing = [name for name in ("input_folder", "output_folder") if getattr(args, name, None) is None]
+    if missing:
+        raise TypeError(f"ds_to_universal.main: args ({type(args).__name__}) has no {' or '.join(missing)}; "
+                        f"it needs input_folder and output_folder (e.g. argparse.Namespace(input_folder=..., "
+                        f"output_folder=...))")
+    values = {name: getattr(args, name, default) for name, default in _OPTIONAL.items()}
+    workers = values["num_extract_workers"]
+    if isinstance(workers, bool) or not isinstance(workers, int):
+        raise TypeError(f"ds_to_universal.main: num_extract_workers={workers!r}; it must be an integer")
+    return argparse.Namespace(input_folder=args.input_folder, output_folder=args.output_folder, **values)
+
+
 def main(args: argparse.Namespace | list[str] | None = None) -> int:
-    if not isinstance(args, argparse.Namespace):
-        args = parse_arguments(args)
+    args = _arguments(args)
     try:
         whole = read_checkpoint(args.input_folder)
         out = write_universal(whole, args.output_folder, workers=args.num_extract_workers,

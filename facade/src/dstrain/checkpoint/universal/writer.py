@@ -117,9 +117,18 @@ def _model_states(whole: WholeCheckpoint) -> dict[str, Any]:
         "checkpoint_parallel_dimensions": {"pp_degree": 1, "tp_degree": 1}, "ds_version": DS_FORMAT_VERSION,
         "universal_checkpoint_info": {"universal_checkpoint_version": UNIVERSAL_VERSION},
     }
-    clashes = sorted(set(whole.client_state) & set(states))
+    client = dict(whole.client_state)
+    # A client's own universal_checkpoint_info (DeepSpeed's converter requires one; Megatron-DeepSpeed's patterns
+    # go there) is carried over as DeepSpeed's converter copies it; the version is ours, as the files are.
+    info = client.pop("universal_checkpoint_info", None)
+    if info is not None:
+        if not isinstance(info, dict):
+            raise CheckpointLoadError(f"{whole.path}: the client state's 'universal_checkpoint_info' is a "
+                                      f"{type(info).__name__}; DeepSpeed's converter and loader read it as a dict")
+        states["universal_checkpoint_info"] = {**info, "universal_checkpoint_version": UNIVERSAL_VERSION}
+    clashes = sorted(set(client) & set(states))
     if clashes:
         raise CheckpointLoadError(f"{whole.path}: the client state's keys {clashes} are DeepSpeed's own names in a "
                                   f"model-states file; rename them to convert this checkpoint")
-    states.update(whole.client_state)
+    states.update(client)
     return states
