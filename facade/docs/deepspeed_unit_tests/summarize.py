@@ -54,9 +54,23 @@ def _from_log(log: Path, outcome: dict) -> None:
         outcome["failures"].append((last.split("::", 1)[1], "hung: stopped by the file's timeout"))
 
 
-def _file_result(results: Path, path: str) -> dict:
+def _hangs(files_txt: Path) -> list[tuple[str, str]]:
+    """hangs.txt beside files.txt: (test id, reason) of the tests run.sh deselects because they hang the harness."""
+    hangs = files_txt.with_name("hangs.txt")
+    if not hangs.is_file():
+        return []
+    return [(test, reason.strip()) for line in hangs.read_text().splitlines()
+            if line.strip() and not line.startswith("#") for test, _, reason in [line.strip().partition(" ")]]
+
+
+def _file_result(results: Path, path: str, hangs: list[tuple[str, str]] = ()) -> dict:
     name = path.replace("/", "__")
     outcome = {"passed": 0, "failed": 0, "skipped": 0, "skips": collections.Counter(), "failures": [], "note": ""}
+    rc_run = (results / f"{name}.rc").exists()
+    for test, reason in hangs:  # deselected by run.sh: counted as failed, with why
+        if rc_run and test.startswith(f"{path}::"):
+            outcome["failed"] += 1
+            outcome["failures"].append((test.split("::", 1)[1], f"deselected (it hangs DeepSpeed's harness): {reason}"))
     rc_file, xml_file = results / f"{name}.rc", results / f"{name}.xml"
     rc = int(rc_file.read_text()) if rc_file.exists() else None
     if rc in (124, 137):
@@ -88,7 +102,8 @@ def _file_result(results: Path, path: str) -> dict:
 
 def main(files_txt: str, results_dir: str, commit: str) -> None:
     results = Path(results_dir)
-    rows = [(path, feature, _file_result(results, path)) for path, feature in _listed(Path(files_txt))]
+    hangs = _hangs(Path(files_txt))
+    rows = [(path, feature, _file_result(results, path, hangs)) for path, feature in _listed(Path(files_txt))]
     total = collections.Counter()
     for _, _, outcome in rows:
         total.update({key: outcome[key] for key in ("passed", "failed", "skipped")})
