@@ -214,3 +214,25 @@ def test_module_only_and_fresh_optimizer_loads_of_a_deepspeed_checkpoint():
     assert client == im.CLIENT_STATE and steps == 0 and same and moments == 0  # weights only, as DeepSpeed
     client, steps, same, moments = fresh_optimizer
     assert steps == im.STEPS_BEFORE_SAVE and same and moments == 0  # counters and scheduler, fresh moments
+
+
+def load_client(rank, world, directory):
+    engine, *_ = dstrain.initialize(model=im.make_lm(seed=123), config=im.config(1, dtype="fp32", dp_size=world))
+    return engine.load_checkpoint(directory)[1]
+
+
+def test_a_megatron_clients_iteration_and_universal_info_come_back_in_the_client_state(tmp_path):
+    """Megatron-DeepSpeed saves its step as `iteration` and its merge patterns as `universal_checkpoint_info` in the
+    client state; DeepSpeed's load_checkpoint returns both, and so must dstrain's (they were taken for DeepSpeed's)."""
+    from dstrain.checkpoint.deepspeed.unpickler import load_pickle
+
+    directory = tmp_path / "ckpt"
+    shutil.copytree(FIXTURES / "zero1_fp32", directory)
+    states_file = directory / expected("zero1_fp32")["tag"] / "mp_rank_00_model_states.pt"
+    states = load_pickle(states_file)
+    megatron = {"iteration": 30, "universal_checkpoint_info": {"vocabulary_parameter_patterns": ["word_embeddings"]}}
+    rewritten = states_file.with_suffix(".new")  # beside it, then moved over: the old file's tensors are mapped
+    torch.save({**states, **megatron}, rewritten)
+    rewritten.replace(states_file)
+    client = run_ranks(load_client, 1, str(directory), timeout=180)[0]
+    assert client == {**im.CLIENT_STATE, **megatron}

@@ -22,13 +22,14 @@ from .files import DeepSpeedFiles, scan
 from .unpickler import RECORD_CLASS_KEY, load_pickle
 from .zero_states import sliced_states, stage3_states, unpartitioned_states
 
-# What DeepSpeed itself keeps in a model-states file: everything else there is the client's state.
+# What DeepSpeed itself keeps in a model-states file: everything else there is the client's state. `iteration`
+# and `universal_checkpoint_info` are a client's (Megatron-DeepSpeed saves its step and merge patterns there), so
+# load_checkpoint returns them as DeepSpeed's engine does.
 DEEPSPEED_KEYS = frozenset({
     "module", "buffer_names", "optimizer", "param_shapes", "frozen_param_shapes", "shared_params",
     "frozen_param_fragments", "lr_scheduler", "data_sampler", "random_ltd", "sparse_tensor_module_names",
     "skipped_steps", "global_steps", "global_samples", "dp_world_size", "mp_world_size", "ds_config", "ds_version",
-    "checkpoint_parallel_dimensions", "universal_checkpoint_info", "num_experts", "ds_autoep_layers", "autoep_layers",
-    "iteration", "folding",
+    "checkpoint_parallel_dimensions", "num_experts", "ds_autoep_layers", "autoep_layers", "folding",
 })
 
 

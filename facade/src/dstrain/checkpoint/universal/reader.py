@@ -19,6 +19,9 @@ from ..deepspeed.reader import DEEPSPEED_KEYS, loss_scaler_state
 from ..deepspeed.unpickler import load_pickle
 from .layout import FP32, MODEL_STATES, OPTIMIZER_STATE, PARAM, STEP, ZERO, ZERO3_MODEL_STATES
 
+# A universal folder's universal_checkpoint_info describes its layout (the converter writes its version there):
+# not the client's state, unlike a training checkpoint's, where a client (Megatron-DeepSpeed) keeps its own.
+_LAYOUT_KEYS = DEEPSPEED_KEYS | {"universal_checkpoint_info"}
 _SPLIT_MARKS = ("param_n_sub_params", "sub_param_shape", "sub_params_shape")  # Megatron's fused parameters
 
 
@@ -48,7 +51,7 @@ def read_universal(directory: str | Path) -> WholeCheckpoint:
         module=module, parameters=parameters, scalars=scalars,
         param_groups=[{k: v for k, v in g.items() if k != "params"} for g in groups if isinstance(g, dict)],
         lr_scheduler=main.get("lr_scheduler") if isinstance(main.get("lr_scheduler"), dict) else None,
-        client_state={k: v for k, v in main.items() if k not in DEEPSPEED_KEYS},
+        client_state={k: v for k, v in main.items() if k not in _LAYOUT_KEYS},
         progress=progress, loss_scaler=loss_scaler_state(optimizer), source="universal", path=str(path))
 
 
