@@ -1,7 +1,8 @@
 """DeepSpeed names its own unit tests use (issue 35, round 6: the files whose run had timed out), resolved under the
 alias and used: checkpoint/test_universal_checkpoint.py saves `client_state={UNIVERSAL_CHECKPOINT_INFO: {}, ...}`
 and calls `deepspeed.checkpoint.ds_to_universal.main` with a `types.SimpleNamespace` of its arguments, then loads
-the result with `"checkpoint": {"load_universal": true}`. One subprocess: the alias is process-wide."""
+the result with `"checkpoint": {"load_universal": true}`; v1/half_precision/test_gradient_clipping_default.py
+reads `gradient_clipping`'s default (1.0) from the config helpers, the constants and the engine. One subprocess: the alias is process-wide."""
 
 from alias_snippet import run_alias_snippet
 
@@ -37,7 +38,19 @@ engine, *_ = deepspeed.initialize(config=dict(config, checkpoint={"load_universa
 engine.load_checkpoint(root, tag="test_tag_universal", load_optimizer_states=True)
 for name, value in engine.state_dict().items():
     assert torch.equal(value, expected[name]), name
+assert engine.gradient_clipping() == 1.0  # the key is absent: the reference's default, as DeepSpeed's engine answers
 engine.destroy()
+
+# v1/half_precision/test_gradient_clipping_default.py: the default is 1.0 everywhere DeepSpeed states it
+from deepspeed.runtime.config import get_gradient_clipping
+from deepspeed.runtime.constants import GRADIENT_CLIPPING_DEFAULT
+from deepspeed.runtime.engine import DeepSpeedEngine
+
+assert get_gradient_clipping({}) == GRADIENT_CLIPPING_DEFAULT == 1.0
+assert get_gradient_clipping({"gradient_clipping": 0.0}) == 0.0
+for value in (0.5, 0.0):
+    assert DeepSpeedEngine.gradient_clipping(types.SimpleNamespace(_config=types.SimpleNamespace(
+        gradient_clipping=value))) == value
 print("ok")
 """
 

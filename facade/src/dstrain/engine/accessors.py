@@ -116,7 +116,9 @@ class EngineAccessors:
         return self.precision.bf16
 
     def gradient_clipping(self) -> float:
-        return self.optimizer.gradient_clipping if self.optimizer is not None else 0.0
+        """The config's gradient_clipping, as DeepSpeed's engine answers (an unresolved "auto" clips nothing)."""
+        value = self._config.gradient_clipping
+        return float(value) if isinstance(value, (int, float)) else 0.0
 
     def steps_per_print(self) -> int:
         return self._config.steps_per_print

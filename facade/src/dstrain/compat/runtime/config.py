@@ -35,8 +35,10 @@ ADAM_W_MODE_DEFAULT = True
 
 
 def get_gradient_clipping(param_dict: dict) -> float:
-    """The config dict's `gradient_clipping` (0.0: none), checked as dsconfig checks it."""
-    return float(dsconfig.load({"gradient_clipping": param_dict.get("gradient_clipping", 0.0)}).gradient_clipping)
+    """The config dict's `gradient_clipping` (0.0: none; absent: the reference's default, 1.0), checked as dsconfig
+    checks it."""
+    given = {"gradient_clipping": param_dict["gradient_clipping"]} if "gradient_clipping" in param_dict else {}
+    return float(dsconfig.load(given).gradient_clipping)
 
 
 def get_log_level(param_dict: dict) -> str | None:
