@@ -57,21 +57,17 @@ def _from_log(log: Path, outcome: dict) -> None:
 def _hangs(files_txt: Path) -> list[tuple[str, str]]:
     """hangs.txt beside files.txt: (test id, reason) of the tests run.sh deselects because they hang the harness."""
     hangs = files_txt.with_name("hangs.txt")
-    if not hangs.is_file():
-        return []
-    return [(test, reason.strip()) for line in hangs.read_text().splitlines()
-            if line.strip() and not line.startswith("#") for test, _, reason in [line.strip().partition(" ")]]
+    return _listed(hangs) if hangs.is_file() else []  # the same layout as files.txt: id, then text
 
 
 def _file_result(results: Path, path: str, hangs: list[tuple[str, str]] = ()) -> dict:
     name = path.replace("/", "__")
     outcome = {"passed": 0, "failed": 0, "skipped": 0, "skips": collections.Counter(), "failures": [], "note": ""}
-    rc_run = (results / f"{name}.rc").exists()
+    rc_file, xml_file = results / f"{name}.rc", results / f"{name}.xml"
     for test, reason in hangs:  # deselected by run.sh: counted as failed, with why
-        if rc_run and test.startswith(f"{path}::"):
+        if rc_file.exists() and test.startswith(f"{path}::"):
             outcome["failed"] += 1
             outcome["failures"].append((test.split("::", 1)[1], f"deselected (it hangs DeepSpeed's harness): {reason}"))
-    rc_file, xml_file = results / f"{name}.rc", results / f"{name}.xml"
     rc = int(rc_file.read_text()) if rc_file.exists() else None
     if rc in (124, 137):
         outcome["note"] = "timed out (the file's run was stopped)"

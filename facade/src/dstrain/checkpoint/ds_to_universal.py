@@ -66,11 +66,6 @@ def read_checkpoint(folder: str | Path) -> WholeCheckpoint:
                               f"(mp_rank_XX_model_states.pt ...), and no 'latest' file names one")
 
 
-# DeepSpeed's optional arguments and their defaults: a caller's namespace may leave them out.
-_OPTIONAL = {"num_extract_workers": 4, "num_merge_workers": 2, "keep_temp_folder": False, "strict": True,
-             "inject_missing_state": False}
-
-
 def _arguments(args: object) -> argparse.Namespace:
     """`args` as parse_arguments' namespace: None or a list of strings is a command line; any other object is read
     by attribute, as DeepSpeed's main reads it (its own tests pass a `types.SimpleNamespace`)."""
@@ -84,7 +79,10 @@ def _arguments(args: object) -> argparse.Namespace:
         raise TypeError(f"ds_to_universal.main: args ({type(args).__name__}) has no {' or '.join(missing)}; "
                         f"it needs input_folder and output_folder (e.g. argparse.Namespace(input_folder=..., "
                         f"output_folder=...))")
-    values = {name: getattr(args, name, default) for name, default in _OPTIONAL.items()}
+    # The optional arguments a caller's namespace leaves out take the command line's defaults.
+    defaults = vars(parse_arguments(["--input_folder", "", "--output_folder", ""]))
+    values = {name: getattr(args, name, default) for name, default in defaults.items()
+              if name not in ("input_folder", "output_folder")}
     workers = values["num_extract_workers"]
     if isinstance(workers, bool) or not isinstance(workers, int):
         raise TypeError(f"ds_to_universal.main: num_extract_workers={workers!r}; it must be an integer")

@@ -16,7 +16,7 @@ from dsconfig import DeepSpeedConfig
 
 from ..errors import DstrainError
 from .dataloader import DeepSpeedDataLoader
-from .parts import TrainingParts
+from .parts import TrainingParts, gradient_clipping_of
 from .step_reporting import learning_rates, momenta
 
 
@@ -116,9 +116,7 @@ class EngineAccessors:
         return self.precision.bf16
 
     def gradient_clipping(self) -> float:
-        """The config's gradient_clipping, as DeepSpeed's engine answers (an unresolved "auto" clips nothing)."""
-        value = self._config.gradient_clipping
-        return float(value) if isinstance(value, (int, float)) else 0.0
+        return gradient_clipping_of(self._config)  # the config's, as DeepSpeed's engine answers
 
     def steps_per_print(self) -> int:
         return self._config.steps_per_print

@@ -184,18 +184,23 @@ def _basic_optimizer(config: DeepSpeedConfig, client: Any, params: Any,
                     f"from the parameters, got {type(client).__name__}")
 
 
+def gradient_clipping_of(config: DeepSpeedConfig) -> float:
+    """The clipping norm a run applies: the config's gradient_clipping (an unresolved "auto" clips nothing)."""
+    value = config.gradient_clipping
+    return float(value) if isinstance(value, (int, float)) else 0.0
+
+
 def _zero_optimizer(config: DeepSpeedConfig, module: torch.nn.Module, basic: torch.optim.Optimizer,
                     precision: PrecisionSetup, group: Any, norm_group: Any) -> tuple[Any, dszero.ZeroOptimizer]:
     """(what schedulers see, the ZeRO optimizer): per-tensor optimizers without a sharded step of their
     own run through an adapter over ZeRO's flat groups (stage 0), and the scheduler drives the adapter;
     Lamb and Muon step on the shards themselves (dszero's whole-tensor step)."""
-    clipping = config.gradient_clipping if isinstance(config.gradient_clipping, (int, float)) else 0.0
     tensorwise = TensorwiseOnFlat(basic) if needs_whole_tensors(basic) else None
     if tensorwise is not None:
         tensorwise.check_stage(config.zero_optimization.stage, type(basic).__name__)
     zero = dszero.ZeroOptimizer(
         module, tensorwise or basic, config.zero_optimization, precision=precision.precision,
-        gradient_clipping=float(clipping), group=group, aio=config.aio.handle_kwargs(),
+        gradient_clipping=gradient_clipping_of(config), group=group, aio=config.aio.handle_kwargs(),
         gradient_average=config.gradient_allreduce_op == "mean", grad_accum_dtype=precision.grad_accum_dtype,
         gradient_predivide_factor=config.gradient_predivide_factor, prescale_gradients=config.prescale_gradients,
         communication_dtype=precision.communication_dtype, norm_group=norm_group)

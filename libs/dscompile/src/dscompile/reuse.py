@@ -61,7 +61,7 @@ class ForwardReuse:
         return dropped
 
     def drop(self) -> int:
-        dropped = sum(_nbytes(buffer) for buffer in self.kept.values())
+        dropped = self.kept_bytes
         self.kept.clear()
         return dropped
 
