@@ -131,6 +131,22 @@ def test_deepspeed_private_expert_names():
     assert "use_data_before_expert_parallel_=True" in results[0][3]
 
 
+def largest_expert_group(rank, world):
+    before = groups._get_max_expert_parallel_group()
+    groups.create_expert_groups(2)
+    groups.create_expert_groups(4)
+    groups.create_expert_groups(1)
+    return (before, groups.get_group_ranks(groups._get_max_expert_parallel_group()),
+            groups.get_group_ranks(groups._get_data_parallel_group()))
+
+
+def test_the_largest_expert_group_is_the_one_an_overflow_check_reduces_over():
+    results = run_ranks(largest_expert_group, 4, timeout=60)
+    assert all(r[0] is None for r in results)  # no expert groups yet
+    assert all(r[1] == [0, 1, 2, 3] for r in results)  # ep 4 beats 2 and 1, whatever the order they were built in
+    assert all(r[2] == [0, 1, 2, 3] for r in results)  # DeepSpeed's private name of the data-parallel group
+
+
 @pytest.mark.parametrize(("world", "tp", "ep", "pp"), [(16, 2, 4, 1), (16, 2, 2, 2), (8, 1, 8, 1), (8, 1, 1, 2)])
 def test_expert_rank_arithmetic_is_deepspeeds_order_of_the_groups_dims_builds(world, tp, ep, pp):
     expert, expert_data = groups._get_expert_parallel_ranks(world, tp, ep, pipeline_parallel_size_=pp)

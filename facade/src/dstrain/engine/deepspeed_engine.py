@@ -16,6 +16,7 @@ from dsconfig import DeepSpeedConfig, Problem
 
 from ..errors import DstrainError, EngineUsageError
 from ..logs import log_on_rank0
+from . import deepspeed_precision_names
 from .accessors import EngineAccessors
 from .parts import build_training_parts
 
@@ -34,6 +35,10 @@ class DeepSpeedEngine(EngineAccessors, torch.nn.Module):
     """Built by `dstrain.initialize()`; `engine(*inputs)`, `engine.backward(loss)`, `engine.step()`."""
 
     pipeline_parallelism = False  # DeepSpeed's flag; the pipeline engine is dstrain.PipelineEngine
+    # DeepSpeed's private mixed-precision steps, callable on the class with a stand-in for the engine
+    _mixed_precision_dtypes = deepspeed_precision_names.mixed_precision_dtypes
+    _assert_valid_mixed_precision_config = deepspeed_precision_names.assert_valid_mixed_precision_config
+    _cast_module_mixed_precision = deepspeed_precision_names.cast_module_mixed_precision
 
     def __init__(self, *, model: torch.nn.Module, config: DeepSpeedConfig, optimizer: Any = None,
                  model_parameters: Any = None, training_data: Any = None, lr_scheduler: Any = None,

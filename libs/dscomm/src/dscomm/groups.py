@@ -117,6 +117,9 @@ def get_data_parallel_group() -> Any:
     return _axis("data")[0]
 
 
+_get_data_parallel_group = get_data_parallel_group  # DeepSpeed's name
+
+
 def get_pipeline_parallel_group() -> Any:
     return _axis("pipe")[0]
 
@@ -279,6 +282,17 @@ def _experts(ep_size: int) -> tuple[Any, list[int], Any, list[int]]:
         return (registered.expert, registered.ranks("expert"), registered.expert_data, registered.ranks("expert_data"))
     create_expert_groups(ep_size)
     return _REGISTRY.expert_groups[ep_size]
+
+
+def _get_max_expert_parallel_group() -> Any:
+    """DeepSpeed's name: the expert-parallel group of the largest expert size built so far (the registered
+    layout's or create_expert_groups'), where an overflow in any expert must be seen by all; None when no expert
+    groups exist."""
+    registered = _REGISTRY.groups
+    sizes = set(_REGISTRY.expert_groups)
+    if registered is not None and registered.dims.expert > 1:
+        sizes.add(registered.dims.expert)
+    return get_expert_parallel_group(max(sizes)) if sizes else None
 
 
 def get_expert_parallel_group(ep_size: int) -> Any:
