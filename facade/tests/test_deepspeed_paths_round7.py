@@ -2,7 +2,8 @@
 runtime/test_runtime_utils.py's gradient helpers of `deepspeed.runtime.utils` (`clip_grad_norm_` averaging the norm
 over data-parallel ranks whose expert gradients differ, `CheckOverflow` seeing an expert's inf on another rank,
 `get_weight_norm`'s -1 for a non-finite norm, `call_to_str`, `count_used_parameters_in_backward`), at two gloo
-ranks forked inside one subprocess (the alias is process-wide)."""
+ranks forked inside one subprocess (the alias is process-wide); v1/half_precision/test_mixed_precision_dtype.py's
+engine steps under DeepSpeed's private names; v1/zero/test_zero_init_pg_contradiction.py's zero.Init check."""
 
 from alias_snippet import run_alias_snippet
 
@@ -132,6 +133,13 @@ DeepSpeedEngine._cast_module_mixed_precision(types.SimpleNamespace(module=module
 assert {p.dtype for p in module.parameters()} == {torch.float32}  # a zero.Init model keeps what it was built in
 DeepSpeedEngine._cast_module_mixed_precision(types.SimpleNamespace(module=module), None, torch.bfloat16, False)
 assert {p.dtype for p in module.parameters()} == {torch.float32} and module.inv_freq.dtype == torch.bfloat16
+
+# v1/zero/test_zero_init_pg_contradiction.py: zero.Init's check for a one-rank group under a multi-process launcher
+from deepspeed.runtime.zero.partition_parameters import _contradicting_single_rank_pg_error
+
+assert "WORLD_SIZE=8" in _contradicting_single_rank_pg_error(dp_world_size=1, explicit_process_group=None,
+                                                             env={"WORLD_SIZE": "8"})
+assert _contradicting_single_rank_pg_error(dp_world_size=8, explicit_process_group=None, env={"WORLD_SIZE": "8"}) is None
 print("ok")
 """
 

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +39,27 @@ from .offload.param_homes import ParamHomes
 from .units import FUSED_MODULES, Unit
 
 _active: list[Init] = []  # nested contexts: only the outermost one partitions
+
+
+def _contradicting_single_rank_pg_error(dp_world_size: int, explicit_process_group: Any,
+                                        env: Mapping[str, Any] | None = None) -> str | None:
+    """Why partitioning over a one-rank group would be wrong here, or None. A launcher that started several
+    processes (WORLD_SIZE > 1) while the process group already up has one rank (a library initialised one of its
+    own before Init) would leave every rank building the whole model: an out-of-memory that looks like a model too
+    big. A one-rank group passed explicitly is taken as meant; a WORLD_SIZE that is not a number is not judged."""
+    if dp_world_size != 1 or explicit_process_group is not None:
+        return None
+    env = os.environ if env is None else env
+    try:
+        launched = int(env.get("WORLD_SIZE") or 0)
+    except (TypeError, ValueError):
+        return None
+    if launched <= 1:
+        return None
+    return (f"zero.Init would partition over a process group of 1 rank, but the launcher started WORLD_SIZE="
+            f"{launched} processes: every rank would build the whole model. A one-rank process group was set up "
+            f"before zero.Init (by a library, or by a model loaded first); call deepspeed.init_distributed() (or "
+            f"dscomm.init_distributed()) before anything else, or pass data_parallel_group= to mean a one-rank group")
 
 
 class Init:
@@ -75,6 +98,10 @@ class Init:
         self.group = data_parallel_group if data_parallel_group is not None else dscomm.groups.get_data_parallel_group()
         self.world = dist.get_world_size(self.group)
         self.rank = dist.get_rank(self.group)
+        # the world, not the data-parallel group: a pipeline or tensor-parallel layout may leave that one rank
+        contradiction = _contradicting_single_rank_pg_error(dist.get_world_size(), data_parallel_group)
+        if contradiction is not None:
+            raise ZeroError(contradiction)
         zero, config_dtype = _read_config(config_dict_or_path if config_dict_or_path is not None else config)
         if self.dtype is None:
             self.dtype = config_dtype

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from .init import Init
+from .init import Init, _contradicting_single_rank_pg_error  # noqa: F401  (DeepSpeed reaches it here)
 from .status import ZeroParamStatus
 from .units import GatheredParameters
 
