@@ -375,17 +375,19 @@ class ZeroOptimizer:
         self.reducer.zero()
         return True
 
-    def _norm_and_overflow(self, grads: list[torch.Tensor]) -> torch.Tensor:
+    def _norm_and_overflow(self, grads: list[torch.Tensor], flats: list[Any] | None = None) -> torch.Tensor:
         """[squared global gradient norm, overflow flag], the same on every rank of the norm group.
 
         Each group's squared norm is divided by how many ranks of the norm group hold the same values
         (its own replicas at stage 0, plus its norm_replicas), so one all-reduce counts each once.
+        `flats`: the groups `grads` belong to (default: all of them, in order).
         """
+        flats = self.groups if flats is None else flats
         norm = self.policies.norm
-        local = norm.is_local(self.groups, self.process_group, self.norm_group) or \
+        local = norm.is_local(flats, self.process_group, self.norm_group) or \
             dist.get_world_size(self.norm_group) == 1
         sq_sum, finite = 0.0, True
-        for grad, flat in zip(grads, self.groups):
+        for grad, flat in zip(grads, flats):
             if not grad.numel():
                 continue
             # One fused pass per shard (no float64 copy); any inf/nan makes the sum non-finite.
@@ -410,6 +412,28 @@ class ZeroOptimizer:
     def get_global_grad_norm(self) -> float | None:
         """The gradient norm of the last step (before clipping); inf when it overflowed."""
         return self.global_grad_norm
+
+    @property
+    def _global_grad_norm(self) -> float | None:  # DeepSpeed's name
+        return self.global_grad_norm
+
+    def _get_norm_groups(self) -> list[torch.Tensor]:
+        """Each param group's gradient norm as the next step() will see it (reduced, averaged, unscaled, before
+        clipping; inf when not finite), the same on every rank: DeepSpeed's name, for scripts that clip the
+        gradients themselves (safe_set_local_grad) and read the norm again. Collective over the norm group.
+        Stages 2 and 3: below them each rank's gradients are reduced only at the step."""
+        self.finish_backward()
+        norms = []
+        for index, flat in enumerate(self.groups):
+            shard = self.reducer.grad_shard(index)
+            if shard is None:
+                raise ZeroError(f"_get_norm_groups: at ZeRO stage {self.stage} gradients are reduced only at the "
+                                f"step; the norm of the reduced gradients before it needs stage 2 or 3 (after the "
+                                f"step, get_global_grad_norm() has it at every stage)")
+            grad = shard.to(dtype=flat.master.dtype) / self.gradient_unscale
+            squared, overflow = self._norm_and_overflow([grad], [flat]).tolist()
+            norms.append(torch.tensor(math.inf if overflow else math.sqrt(squared)))
+        return norms
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
