@@ -209,4 +209,4 @@ def shared_node_local(rank, world, root):
 def test_node_local_storage_that_is_shared_still_saves_and_loads(tmp_path):
     for path, steps in run_ranks(shared_node_local, 2, str(tmp_path), timeout=120):
         assert path.endswith("global_step2") and steps == 2
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step2", "latest"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step2", "latest", "zero_to_fp32.py"]

@@ -32,6 +32,7 @@ from .layout import RunLayout
 from .paths import LATEST, check_tag
 from .protocol import SaveTarget
 from .records import new_save_id
+from .recovery_script import write_recovery_script
 from .run_parts import checkpoint_parts
 
 if TYPE_CHECKING:
@@ -82,6 +83,8 @@ def save_checkpoint(parts: TrainingParts, save_dir: Any, tag: Any, client_state:
         swap_into_place(partial, final)
         if save_latest:
             write_text_atomically(root / LATEST, tag)
+        if layout.zero_stage > 0:  # as DeepSpeed, beside its ZeRO checkpoints
+            write_recovery_script(root)
     dscomm.barrier(group=world)
     log_on_rank0(parts.global_rank, f"saved checkpoint {final}")
     return True

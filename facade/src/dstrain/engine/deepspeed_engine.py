@@ -305,6 +305,18 @@ class DeepSpeedEngine(EngineAccessors, torch.nn.Module):
         return save_checkpoint(self._parts, save_dir, tag, client_state or {}, save_latest,
                                exclude_frozen_parameters=exclude_frozen_parameters)
 
+    def _copy_recovery_script(self, save_path) -> None:
+        """DeepSpeed's name: write zero_to_fp32.py into `save_path` (a ZeRO save does it itself)."""
+        from ..checkpoint.recovery_script import write_recovery_script
+
+        write_recovery_script(save_path)
+
+    def _change_recovery_script_permissions(self, dst) -> None:
+        """DeepSpeed's name: make the recovery script executable, logging (not raising) where that is refused."""
+        from ..checkpoint.recovery_script import make_executable
+
+        make_executable(dst)
+
     def load_checkpoint(self, load_dir, tag=None, load_module_strict: bool = True, load_optimizer_states: bool = True,
                         load_lr_scheduler_states: bool = True, load_module_only: bool = False,
                         custom_load_fn=None) -> tuple[str | None, Any]:

@@ -18,9 +18,13 @@ def swap_into_place(partial: Path, final: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def write_text_atomically(path: Path, text: str) -> None:
+def write_text_atomically(path: Path, text: str, mode: int = 0o644) -> None:
+    """`path` holds `text` (permissions `mode`, less the umask), replaced in one rename. The temporary file is
+    created new: a stale one, or a link planted under its name, is removed rather than written through."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as handle:
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), mode)
+    with os.fdopen(fd, "w") as handle:
         handle.write(text)
         handle.flush()
         os.fsync(handle.fileno())
