@@ -119,3 +119,19 @@ def test_a_stopped_rank_hosting_the_store_ends_the_job_too(tmp_path):
     assert line.startswith("ERROR dscomm: dscomm watchdog on rank 1: "), line
     assert "rank 0 (process " in line or "store stopped answering for 3 s (watchdog timeout 3 s): its host, rank 0" in line, \
         line
+
+
+def test_a_rank_whose_collective_fails_after_a_verdict_ends_on_the_verdict(tmp_path):
+    # The peer left because its watchdog named a stall: the failing collective reports the stall, not the aftermath
+    # (which rank learns first is a race; every rank must say the same).
+    init = str(tmp_path / "rendezvous")
+    procs = [subprocess.Popen([sys.executable, str(HERE / "verdict_worker.py"), str(rank), init],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in range(2)]
+    try:
+        out, err = procs[0].communicate(timeout=120)
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.communicate()
+    verdict = next((line for line in out.splitlines() if line.startswith("verdict: ")), out + err)
+    assert "dscomm watchdog on rank 0: rank 7 (process 1 on a host) stopped answering" in verdict, out + err

@@ -120,6 +120,9 @@ def describe_group(group: Any) -> str:
     return f"{name} of ranks {shown}".replace("'...'", "...")
 
 
+VERDICT_WAIT_S = 1.0  # after a peer left: how long to look for a watchdog verdict before reporting the failure
+
+
 def _failure(op: str, group: Any, exc: BaseException) -> CommError:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     lowered = str(exc).lower()
@@ -135,6 +138,9 @@ def _failure(op: str, group: Any, exc: BaseException) -> CommError:
         why = "a peer exited or crashed"
     else:
         why, fatal = "the backend refused it", False
+    dog = watchdog.active()
+    if fatal and dog is not None:
+        dog.end_on_a_verdict(wait_s=VERDICT_WAIT_S)  # the peer may have left on a stall another rank named
     rank = dist.get_rank() if dist.is_initialized() else 0
     message = f"{op} failed on rank {rank} in {describe_group(group)}: {why} ({text})"
     if fatal and shut_down_after_failure(message, exc):

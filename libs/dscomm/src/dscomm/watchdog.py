@@ -14,7 +14,8 @@ exit code 75 (EX_TEMPFAIL: the job may be retried), since its main thread is blo
 that cannot be interrupted; a launcher then stops the rest, the stopped rank included. The process
 group's own timeout is left as it is. A rank that leaves normally (`stop()`, `dscomm.destroy()`, or at
 exit) says so first, so that its silence is not taken for a stop; a store that stops answering (its
-host stopped) ends the rank the same way.
+host stopped) ends the rank the same way. A rank whose collective fails first, because a peer already ended on
+the verdict, ends on that verdict too (collectives' failure path looks for it), so every rank names the stall.
 
 The heartbeat measures liveness, not progress: a rank busy in a long step, a slow checkpoint or a
 compilation keeps beating and is never named.
@@ -229,6 +230,22 @@ class Watchdog:
             return
         self.on_stall(f"dscomm watchdog on rank {self.rank}: {verdict}; ending this rank (exit code "
                       f"{STALL_EXIT_CODE}) instead of waiting out the process group's timeout")
+
+    def end_on_a_verdict(self, wait_s: float) -> None:
+        """After a collective failed because a peer left: when a rank has named a stalled one (the peer that left
+        may have been ending on that verdict), end this rank on the same verdict, so every rank reports the
+        stall rather than some of them its aftermath. Waits up to `wait_s` for a verdict; returns without one."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                if self.store.check([self.key("verdict")]):
+                    self._speak(self.store.get(self.key("verdict")).decode(errors="replace"))
+                    return
+            except Exception:  # the store left with its host: no verdict to read
+                return
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(min(0.05, self.interval_s))
 
     def _beat_and_watch(self, seen: dict[int, tuple[int, float]], now: float) -> str | None:
         store = self.store
