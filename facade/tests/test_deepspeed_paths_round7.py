@@ -2,17 +2,18 @@
 runtime/test_runtime_utils.py's gradient helpers of `deepspeed.runtime.utils` (`clip_grad_norm_` averaging the norm
 over data-parallel ranks whose expert gradients differ, `CheckOverflow` seeing an expert's inf on another rank,
 `get_weight_norm`'s -1 for a non-finite norm, `call_to_str`, `count_used_parameters_in_backward`), at two gloo
-ranks forked inside one subprocess (the alias is process-wide); v1/half_precision/test_mixed_precision_dtype.py's
+ranks forked by dscomm.testing.run_ranks inside one subprocess (the alias is process-wide); v1/half_precision/test_mixed_precision_dtype.py's
 engine steps under DeepSpeed's private names; v1/zero/test_zero_init_pg_contradiction.py's zero.Init check."""
 
 from alias_snippet import run_alias_snippet
 
 RUNTIME_UTILS = r"""
 import dstrain.as_deepspeed
-import math, multiprocessing, os, sys, tempfile
-import torch, torch.distributed as dist
+import math
+import torch
 import deepspeed.runtime.utils as ds_utils
 import deepspeed.utils.groups as groups
+from dscomm.testing import run_ranks
 
 
 def params(expert_grad):
@@ -24,8 +25,7 @@ def params(expert_grad):
     return [shared, expert]
 
 
-def rank_main(rank, init_file):
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+def rank_main(rank, world):
     groups._create_expert_and_data_parallel(2)
 
     # clip_grad_norm_: each rank's norm differs (its expert's gradient); both clip by their mean
@@ -52,7 +52,6 @@ def rank_main(rank, init_file):
     assert ds_utils.CheckOverflow([checked]).check_using_norm([norm], reduce_overflow=False) is True
     assert ds_utils.CheckOverflow([params(1.0)]).check() is False
     assert ds_utils.CheckOverflow([params(1.0)]).check_using_norm([1.5]) is False
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
@@ -78,14 +77,7 @@ if __name__ == "__main__":
     else:
         raise AssertionError("count_used_parameters_in_backward outside a backward pass did not raise")
 
-    init_file = os.path.join(tempfile.mkdtemp(), "init")
-    context = multiprocessing.get_context("fork")
-    ranks = [context.Process(target=rank_main, args=(rank, init_file)) for rank in range(2)]
-    for proc in ranks:
-        proc.start()
-    for proc in ranks:
-        proc.join(120)
-    assert [proc.exitcode for proc in ranks] == [0, 0], [proc.exitcode for proc in ranks]
+    run_ranks(rank_main, 2, timeout=120)  # dscomm's forked gloo ranks: a failed assertion fails here, named
     print("ok")
 """
 

@@ -4,6 +4,7 @@ does; rank 0's all_reduce then fails because its peer left. Rank 0 must end on t
 not on the aftermath. Usage: verdict_worker.py RANK INIT"""
 
 import datetime
+import os
 import sys
 
 import torch
@@ -19,8 +20,6 @@ dog = watchdog.start(timeout_s=600.0, on_stall=named.append)
 dscomm.barrier()
 if rank == 1:
     dog.store.set(dog.key("verdict"), "rank 7 (process 1 on a host) stopped answering")
-    import os
-
     os._exit(75)
 try:
     for _ in range(200):

@@ -32,11 +32,10 @@ sys.exit(main())
 
 
 def write_recovery_script(save_dir: str | os.PathLike) -> Path:
-    """`save_dir/zero_to_fp32.py`, replaced whole (a link planted there is replaced, never written through), and
-    made executable where the file system allows."""
+    """`save_dir/zero_to_fp32.py`, replaced whole (a link planted there is replaced, never written through),
+    created executable (0o755 less the umask)."""
     path = Path(save_dir) / RECOVERY_SCRIPT
     write_text_atomically(path, _SCRIPT, mode=0o755)
-    make_executable(path)
     return path
 
 

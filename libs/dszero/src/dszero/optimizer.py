@@ -375,29 +375,33 @@ class ZeroOptimizer:
         self.reducer.zero()
         return True
 
-    def _norm_and_overflow(self, grads: list[torch.Tensor], flats: list[Any] | None = None) -> torch.Tensor:
-        """[squared global gradient norm, overflow flag], the same on every rank of the norm group.
-
-        Each group's squared norm is divided by how many ranks of the norm group hold the same values
-        (its own replicas at stage 0, plus its norm_replicas), so one all-reduce counts each once.
-        `flats`: the groups `grads` belong to (default: all of them, in order).
-        """
-        flats = self.groups if flats is None else flats
-        norm = self.policies.norm
-        local = norm.is_local(flats, self.process_group, self.norm_group) or \
-            dist.get_world_size(self.norm_group) == 1
-        sq_sum, finite = 0.0, True
-        for grad, flat in zip(grads, flats):
-            if not grad.numel():
-                continue
-            # One fused pass per shard (no float64 copy); any inf/nan makes the sum non-finite.
-            value = torch.linalg.vector_norm(grad, dtype=torch.promote_types(grad.dtype, torch.float32)).item() ** 2
-            finite = finite and math.isfinite(value)
-            sq_sum += value if local else value / norm.replicas(flat, self.process_group)
+    def _norm_and_overflow(self, grads: list[torch.Tensor]) -> torch.Tensor:
+        """[squared global gradient norm, overflow flag], the same on every rank of the norm group."""
+        rows, local = self._norm_rows(grads)
+        squares = rows[:, 0].tolist()
+        finite = all(math.isfinite(value) for value in squares)
+        sq_sum = 0.0
+        for value in squares:  # in order, as a float: the step's norm does not depend on how it is reduced
+            sq_sum += value
         stats = torch.tensor([sq_sum if finite else 0.0, 0.0 if finite else 1.0], dtype=torch.float64)
         if not local:
             dscomm.all_reduce(stats, group=self.norm_group, log_name="zero_grad_norm")
         return stats
+
+    def _norm_rows(self, grads: list[torch.Tensor]) -> tuple[torch.Tensor, bool]:
+        """(each group's squared gradient norm on this rank, float64, [groups, 1]; whether that is already the
+        whole norm group's). Each group's square is divided by how many ranks of the norm group hold the same
+        values (its own replicas at stage 0, plus its norm_replicas), so summing over the group counts each once."""
+        norm = self.policies.norm
+        local = norm.is_local(self.groups, self.process_group, self.norm_group) or \
+            dist.get_world_size(self.norm_group) == 1
+        squares = []
+        for grad, flat in zip(grads, self.groups):
+            # One fused pass per shard (no float64 copy); any inf/nan makes the square non-finite.
+            value = torch.linalg.vector_norm(grad, dtype=torch.promote_types(grad.dtype, torch.float32)).item() ** 2 \
+                if grad.numel() else 0.0
+            squares.append(value if local else value / norm.replicas(flat, self.process_group))
+        return torch.tensor(squares, dtype=torch.float64).reshape(-1, 1), local
 
     def _share_updated_weights(self) -> None:
         """After the masters changed outside a step (loading): into the model shards, then to every rank."""
@@ -420,20 +424,19 @@ class ZeroOptimizer:
     def _get_norm_groups(self) -> list[torch.Tensor]:
         """Each param group's gradient norm as the next step() will see it (reduced, averaged, unscaled, before
         clipping; inf when not finite), the same on every rank: DeepSpeed's name, for scripts that clip the
-        gradients themselves (safe_set_local_grad) and read the norm again. Collective over the norm group.
+        gradients themselves (safe_set_local_grad) and read the norm again. One all-reduce over the norm group.
         Stages 2 and 3: below them each rank's gradients are reduced only at the step."""
         self.finish_backward()
-        norms = []
-        for index, flat in enumerate(self.groups):
-            shard = self.reducer.grad_shard(index)
-            if shard is None:
-                raise ZeroError(f"_get_norm_groups: at ZeRO stage {self.stage} gradients are reduced only at the "
-                                f"step; the norm of the reduced gradients before it needs stage 2 or 3 (after the "
-                                f"step, get_global_grad_norm() has it at every stage)")
-            grad = shard.to(dtype=flat.master.dtype) / self.gradient_unscale
-            squared, overflow = self._norm_and_overflow([grad], [flat]).tolist()
-            norms.append(torch.tensor(math.inf if overflow else math.sqrt(squared)))
-        return norms
+        shards = [self.reducer.grad_shard(index) for index in range(len(self.groups))]
+        if any(shard is None for shard in shards):
+            raise ZeroError(f"_get_norm_groups: at ZeRO stage {self.stage} gradients are reduced only at the "
+                            f"step; the norm of the reduced gradients before it needs stage 2 or 3 (after the "
+                            f"step, get_global_grad_norm() has it at every stage)")
+        rows, local = self._norm_rows([shard.to(dtype=flat.master.dtype) / self.gradient_unscale
+                                       for shard, flat in zip(shards, self.groups)])
+        if not local:
+            dscomm.all_reduce(rows, group=self.norm_group, log_name="zero_grad_norm")  # inf / nan stay so
+        return [torch.tensor(math.sqrt(square) if math.isfinite(square) else math.inf) for square in rows[:, 0].tolist()]
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
