@@ -34,12 +34,20 @@ try:
     raise SystemExit("version 0.2 without a world size was accepted")
 except deepspeed.elasticity.config.ElasticityConfigError as exc:
     assert "WORLD_SIZE" in str(exc)
-os.environ["DEEPSPEED_ELASTICITY_CONFIG"] = json.dumps({"elasticity": dict(section, max_train_batch_size=27)})
+os.environ["DEEPSPEED_ELASTICITY_CONFIG"] = json.dumps(dict(section, max_train_batch_size=27))
 try:
     deepspeed.elasticity.ensure_immutable_elastic_config(section)
     raise SystemExit("a scheduler copy that differs was accepted")
 except deepspeed.elasticity.config.ElasticityError as exc:
-    assert "max_train_batch_size" in str(exc)
+    assert "elasticity.max_train_batch_size = 10000" in str(exc) and "(27)" in str(exc), exc
+os.environ["DEEPSPEED_ELASTICITY_CONFIG"] = json.dumps({"elasticity": section})  # a whole config, not the section
+try:
+    deepspeed.elasticity.ensure_immutable_elastic_config(section)
+    raise SystemExit("a whole config as the scheduler's section was accepted")
+except deepspeed.elasticity.config.ElasticityError as exc:
+    assert "DEEPSPEED_ELASTICITY_CONFIG.elasticity: is not an elasticity key" in str(exc), exc
+os.environ["DEEPSPEED_ELASTICITY_CONFIG"] = json.dumps(section)
+deepspeed.elasticity.ensure_immutable_elastic_config(section)  # the same section: nothing to say
 del os.environ["DEEPSPEED_ELASTICITY_CONFIG"]
 from deepspeed.elasticity.config import ElasticityConfig
 assert ElasticityConfig(section).max_acceptable_batch_size == 10000

@@ -357,7 +357,7 @@ KEYS: dict[str, tuple] = {
 
 # Values that turn on a key dsconfig knows by name only (keys.KNOWN_KEYS), where True would not.
 _KNOWN_VALUES = {"fp16.opt_level": "O2", "compile.backend": "inductor", "compile.kwargs": {"mode": "max-autotune"},
-                 "sparse_attention": {"mode": "fixed"}, "elasticity": {"enabled": True},
+                 "sparse_attention": {"mode": "fixed"},
                  "compression_training": {"weight_quantization": {}}, "amp": {"enabled": True},
                  "quantize_training": {"enabled": True}, "eigenvalue": {"enabled": True},
                  "progressive_layer_drop": {"enabled": True}, "dynamic_train": {"enabled": True},

@@ -1,10 +1,12 @@
 """Each DeepSpeed schedule against its formula, written out here independently, at many steps."""
 
+import logging
 import math
 
 import pytest
 import torch
 
+import dsconfig
 from dstrain.lr_schedules import LRRangeTest, OneCycle, WarmupCosineLR, WarmupDecayLR, WarmupLR
 
 
@@ -36,7 +38,7 @@ def test_warmup_lr_curve(kind):
         assert lr == pytest.approx(0.01 + 0.49 * frac, rel=1e-12, abs=1e-15)
 
 
-def test_warmup_lr_defaults_and_per_group_values():
+def test_warmup_lr_defaults_and_per_group_values(caplog):
     opt = _adam(lr=0.3, groups=2)
     sched = WarmupLR(opt, warmup_min_lr=[0.0, 0.1], warmup_num_steps=1)  # max_lr from the group, steps >= 2
     assert sched.warmup_num_steps == 2 and sched.max_lrs == [0.3, 0.3]
@@ -46,8 +48,12 @@ def test_warmup_lr_defaults_and_per_group_values():
     assert WarmupLR(opt, warmup_num_steps=0).warmup_num_steps == 2  # DeepSpeed's configs use 0 for no warmup
     with pytest.raises(ValueError, match="warmup_num_steps"):
         WarmupLR(opt, warmup_num_steps=-1)
-    with pytest.raises(ValueError, match="warmup_type"):
-        WarmupLR(opt, warmup_type="cosine")
+    with caplog.at_level(logging.WARNING, logger="dstrain.lr_schedules"):  # DeepSpeed's fall-back, named
+        assert WarmupLR(opt, warmup_type="cosine").warmup_type == "log"
+        assert WarmupCosineLR(opt, total_num_steps=10, warmup_type="cosine").warmup_type == "log"
+    assert caplog.text.count("warmup_type 'cosine' is not one of 'log', 'linear'") == 2
+    with pytest.raises(dsconfig.ConfigError, match=r"scheduler\.params\.warmup_type"):  # in a config, refused by key
+        dsconfig.load({"scheduler": {"type": "WarmupLR", "params": {"warmup_type": "cosine"}}})
     with pytest.raises(ValueError, match="2 values"):
         WarmupLR(opt, warmup_min_lr=[0.0, 0.1, 0.2])
 

@@ -17,6 +17,7 @@ from .wiring.compose import compose
 from .wiring.config_source import load_config, pick_source
 from .wiring.dspipe import is_pipeline_module, pipeline_degree
 from .wiring.dstp import check_mpu, mpu_tensor_size
+from .wiring.elastic import check_elastic_run
 from .wiring.feature_gate import check_features
 from .wiring.layout import data_parallel_size, parallel_dims, requested_degrees
 
@@ -62,6 +63,7 @@ def initialize(args: Any = None, model: torch.nn.Module | None = None, optimizer
     cfg, raw = load_config(source, data_parallel_size(degrees, world), strict=strict_config)
     cfg = wiring_dsseq.with_sequence_settings(cfg, degrees.get("sequence_parallel_size", 1))
     check_features(cfg, raw)
+    check_elastic_run(cfg, world, dscomm.get_rank())
     if cfg.log_level is not None:  # before the engine's own lines, as DeepSpeed sets it
         set_log_level(cfg.log_level)
     # The degrees read above (the config's, a PipelineModule's stages, an mpu's size) lay out the run.

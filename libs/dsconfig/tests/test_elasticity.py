@@ -11,6 +11,7 @@ from dsconfig.elasticity import (
     ElasticityIncompatibleWorldSize,
     check_same_elastic_config,
     compute_elastic_config,
+    elastic_batch,
     read_elasticity,
     valid_gpu_counts,
 )
@@ -90,3 +91,56 @@ def test_the_scheduler_copy_must_agree():
         check_same_elastic_config(runtime, {**runtime, "max_train_batch_size": 27})
     section = read_elasticity(runtime)
     assert (section.max_acceptable_batch_size, section.micro_batches) == (10000, [8, 12, 16, 17])
+
+
+SMALL = {"enabled": True, "max_train_batch_size": 4, "micro_batch_sizes": [1, 2, 3, 4], "min_gpus": 1, "max_gpus": 4,
+         "version": 0.1}
+
+
+def batch_of(cfg):
+    return cfg.train_batch_size, cfg.train_micro_batch_size_per_gpu, cfg.gradient_accumulation_steps
+
+
+def test_load_takes_the_batch_from_elasticity_at_each_data_parallel_size():
+    # batch 4 divides among 1, 2 and 4 ranks; the largest listed micro batch that divides each share is used
+    for size, triple in ((1, (4, 4, 1)), (2, (4, 2, 1)), (4, (4, 1, 1))):
+        cfg = dsconfig.load({"elasticity": SMALL}, world_size=size)
+        assert batch_of(cfg) == triple and cfg.elasticity.enabled
+        assert dsconfig.load(cfg.to_dict(), world_size=size) == cfg  # its own batch keys are elasticity's
+    # a size the batch does not divide is named with the sizes that work
+    with pytest.raises(ElasticityIncompatibleWorldSize, match=r"valid sizes: \[1, 2, 4\]"):
+        dsconfig.load({"elasticity": SMALL}, world_size=3)
+    # accumulation takes up what the micro batch leaves: batch 24 at 2 ranks with micro batches of at most 4
+    cfg = dsconfig.load({"elasticity": dict(SMALL, max_train_batch_size=24, micro_batch_sizes=[4])}, world_size=2)
+    assert batch_of(cfg) == (24, 4, 3)
+
+
+def test_batch_keys_beside_elasticity_are_an_error_unless_ignored():
+    with pytest.raises(ElasticityConfigError) as info:
+        dsconfig.load({"elasticity": SMALL, "train_batch_size": 2, "gradient_accumulation_steps": 1}, world_size=2)
+    assert info.value.paths == ["train_batch_size"]  # accumulation 1 is what elasticity picks too
+    assert "ignore_non_elastic_batch_info" in str(info.value) and "picks train_batch_size = 4" in str(info.value)
+    with pytest.warns(dsconfig.ConfigWarning, match="train_batch_size = 2 -> 4"):
+        cfg = dsconfig.load({"elasticity": dict(SMALL, ignore_non_elastic_batch_info=True), "train_batch_size": 2},
+                            world_size=2)
+    assert batch_of(cfg) == (4, 2, 1)
+    # "auto" (a Hugging Face config) is filled in, not a conflict
+    cfg = dsconfig.load({"elasticity": SMALL, "train_batch_size": "auto"}, world_size=2)
+    assert batch_of(cfg) == (4, 2, 1)
+    # a disabled section leaves the batch as written
+    cfg = dsconfig.load({"elasticity": dict(SMALL, enabled=False), "train_batch_size": 2}, world_size=2)
+    assert batch_of(cfg) == (2, 1, 1) and not cfg.elasticity.enabled
+
+
+def test_a_bad_section_is_reported_with_the_rest_of_the_config():
+    with pytest.raises(ElasticityConfigError) as info:
+        dsconfig.load({"elasticity": {"enabled": True, "typo": 1}, "zero_optimization": {"stage": 9}})
+    assert sorted(info.value.paths) == ["elasticity.max_train_batch_size", "elasticity.micro_batch_sizes",
+                                        "elasticity.typo", "zero_optimization.stage"]
+
+
+def test_node_level_batch_counts_replicas_of_model_parallel_width():
+    section = read_elasticity(dict(SECTION, version=0.2, model_parallel_size=4, num_gpus_per_node=8))
+    batch = elastic_batch(section, 4)  # 4 replicas of 4 GPUs: 16 GPUs, 2 nodes
+    assert (batch.train_batch_size, batch.train_micro_batch_size_per_gpu, batch.gradient_accumulation_steps) == \
+        (9996, 17, 147)

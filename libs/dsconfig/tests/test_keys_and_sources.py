@@ -97,10 +97,11 @@ def test_thread_count_and_intra_op_parallelism_are_one_setting():
 
 
 def test_unsupported_keys_error_when_strict_and_warn_once_otherwise():
-    config = {"sparse_attention": {"mode": "fixed"}, "elasticity": {"enabled": True}, "amp": {"enabled": True}}
+    config = {"sparse_attention": {"mode": "fixed"}, "progressive_layer_drop": {"enabled": True},
+              "amp": {"enabled": True}}
     with pytest.raises(dsconfig.ConfigError) as info:
         dsconfig.load(config)
-    assert sorted(info.value.paths) == ["amp", "elasticity", "sparse_attention"]
+    assert sorted(info.value.paths) == ["amp", "progressive_layer_drop", "sparse_attention"]
     assert "not supported by dstrain" in str(info.value)
     _, messages = load_quiet(config, strict=False)
     assert len(messages) == 1 and all(k in messages[0] for k in config)

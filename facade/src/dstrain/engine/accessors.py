@@ -95,6 +95,16 @@ class EngineAccessors:
     def gradient_accumulation_steps(self) -> int:
         return self._config.gradient_accumulation_steps
 
+    def elasticity_enabled(self) -> bool:
+        """Whether the config's `elasticity` section picked the batch triple for this data-parallel size."""
+        return self._config.elasticity.enabled
+
+    def is_elastic_model_parallel_supported(self) -> bool:
+        """Whether the elastic config's model replicas fit its nodes (num_gpus_per_node a multiple of
+        model_parallel_size); initialize() refuses an elastic run whose replicas are another width."""
+        elastic = self._config.elasticity
+        return elastic.enabled and elastic.num_gpus_per_node % elastic.model_parallel_size == 0
+
     def was_step_applied(self) -> bool:
         """False when the last boundary step was skipped for an fp16 overflow (or no boundary was reached)."""
         return self._progress.last_step_applied

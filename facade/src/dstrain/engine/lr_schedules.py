@@ -113,12 +113,17 @@ def _per_group(optimizer: Any, value: Any, name: str) -> list:
     return [value] * count
 
 
-def _check_warmup(warmup_num_steps: Any, warmup_type: str) -> None:
-    # 0 and 1 are accepted and warm up over 2 steps, as DeepSpeed does (real configs use 0 for "no warmup").
+def _checked_warmup_type(warmup_num_steps: Any, warmup_type: str) -> str:
+    """The warmup curve to use. 0 and 1 steps are accepted and warm up over 2, as DeepSpeed does (real configs use 0
+    for "no warmup"). An unknown curve falls back to 'log' with a warning naming it, as DeepSpeed's classes do; a
+    config's scheduler.params.warmup_type is checked by dsconfig, which refuses it by key before this runs."""
     if isinstance(warmup_num_steps, bool) or not isinstance(warmup_num_steps, int) or warmup_num_steps < 0:
         raise ValueError(f"warmup_num_steps must be a non-negative integer, got {warmup_num_steps!r}")
     if warmup_type not in WARMUP_TYPES:
-        raise ValueError(f"warmup_type must be one of {', '.join(map(repr, WARMUP_TYPES))}, got {warmup_type!r}")
+        logger.warning("warmup_type %r is not one of %s: warming up along the 'log' curve", warmup_type,
+                       ", ".join(map(repr, WARMUP_TYPES)))
+        return WARMUP_LOG_RATE
+    return warmup_type
 
 
 class _Schedule:
@@ -166,7 +171,7 @@ class WarmupLR(_Schedule):
 
     def __init__(self, optimizer: Any, warmup_min_lr: float | list = 0.0, warmup_max_lr: float | list | None = None,
                  warmup_num_steps: int = 1000, warmup_type: str = WARMUP_LOG_RATE, last_batch_iteration: int = -1):
-        _check_warmup(warmup_num_steps, warmup_type)
+        warmup_type = _checked_warmup_type(warmup_num_steps, warmup_type)
         self.optimizer = _param_groups_owner(optimizer)
         if warmup_max_lr is None:
             warmup_max_lr = [group["lr"] for group in self.optimizer.param_groups]
@@ -214,7 +219,7 @@ class WarmupCosineLR(_Schedule):
     def __init__(self, optimizer: Any, total_num_steps: int, warmup_min_ratio: float = 0.0,
                  warmup_num_steps: int = 1000, cos_min_ratio: float = 0.0001, warmup_type: str = WARMUP_LOG_RATE,
                  last_batch_iteration: int = -1):
-        _check_warmup(warmup_num_steps, warmup_type)
+        warmup_type = _checked_warmup_type(warmup_num_steps, warmup_type)
         self.optimizer = _param_groups_owner(optimizer)
         self.total_num_steps = total_num_steps
         self.warmup_min_ratio = warmup_min_ratio

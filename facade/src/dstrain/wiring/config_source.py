@@ -11,6 +11,7 @@ from typing import Any
 import dsconfig
 import dszero
 from dsconfig import ConfigError, DeepSpeedConfig, Problem
+from dsconfig.config import BATCH_KEYS
 
 
 def pick_source(args: Any, config: Any, config_params: Any) -> Any:
@@ -53,7 +54,10 @@ def load_config(source: Any, data_parallel_size: int, *, strict: bool = False,
         raw = None
         cfg = source
         if cfg.data_parallel_size != data_parallel_size and cfg.is_batch_resolved():
-            cfg = dsconfig.load(cfg.to_dict(), world_size=data_parallel_size, strict=True)
+            data = cfg.to_dict()
+            if cfg.elasticity.enabled:  # its batch is elasticity's pick at the old size: pick again at this one
+                data = {key: value for key, value in data.items() if key not in BATCH_KEYS}
+            cfg = dsconfig.load(data, world_size=data_parallel_size, strict=True)
     else:
         raw, name = dsconfig.read_source(source)
         try:

@@ -7,6 +7,7 @@ import attrs
 from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 
 from .converter import CONVERTER
+from .elasticity import ElasticityConfig
 from .fields import AUTO, Auto, info, section, setting
 from .sections import (
     ActivationCheckpointingConfig,
@@ -106,7 +107,11 @@ class DeepSpeedConfig:
     # ------------------------------------------------------------------ views
     def to_dict(self) -> dict[str, Any]:
         """The full resolved config as plain JSON data; `load(cfg.to_dict()) == cfg`."""
-        return CONVERTER.unstructure(self)
+        data = CONVERTER.unstructure(self)
+        if self.elasticity.enabled:  # its batch keys are the ones elasticity picked, which load accepts again
+            data["elasticity"] = {**attrs.asdict(self.elasticity),
+                                  "micro_batch_sizes": list(self.elasticity.micro_batch_sizes)}
+        return data
 
     def unresolved_auto(self) -> list[str]:
         """Dotted paths of every value still "auto" (batch sizes, HF-style placeholders)."""
@@ -134,6 +139,11 @@ class DeepSpeedConfig:
         triple = resolve_batch_triple(known, explicit_auto=(), data_parallel_size=size, require=True)
         return attrs.evolve(self, **triple)
 
+    # The `elasticity` section, read by `load` (dsconfig.elasticity validates it and picks the batch triple from it
+    # at the data-parallel size); the other sections' machinery (key checks, docs, "auto") does not apply to it.
+    elasticity: ElasticityConfig = attrs.field(factory=ElasticityConfig, kw_only=True,
+                                               metadata={"dsconfig_internal": True})
+
     # The data-parallel size the batch triple was resolved at; set by `load`, not part of equality.
     data_parallel_size: int = attrs.field(default=1, eq=False, repr=False, kw_only=True,
                                           metadata={"dsconfig_internal": True})
@@ -146,16 +156,17 @@ class DeepSpeedConfig:
 
 
 def _register_hooks() -> None:
-    # data_parallel_size is bookkeeping of `load`, not a config key. Factories run on first use,
-    # keeping cattrs' code generation out of `import dsconfig`.
+    # data_parallel_size is bookkeeping of `load`, not a config key; `load` reads elasticity itself. Factories run
+    # on first use, keeping cattrs' code generation out of `import dsconfig`.
     conv = CONVERTER.cattrs
     omit = override(omit=True)
     is_config = lambda tp: tp is DeepSpeedConfig  # noqa: E731
     conv.register_unstructure_hook_factory(
-        is_config, lambda tp: make_dict_unstructure_fn(tp, conv, data_parallel_size=omit))
+        is_config, lambda tp: make_dict_unstructure_fn(tp, conv, data_parallel_size=omit, elasticity=omit))
     conv.register_structure_hook_factory(
         is_config, lambda tp: make_dict_structure_fn(tp, conv, _cattrs_forbid_extra_keys=True,
-                                                     _cattrs_detailed_validation=True, data_parallel_size=omit))
+                                                     _cattrs_detailed_validation=True, data_parallel_size=omit,
+                                                     elasticity=omit))
 
 
 _register_hooks()

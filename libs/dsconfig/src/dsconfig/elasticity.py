@@ -114,6 +114,8 @@ def read_elasticity(section: Any, path: str = "elasticity") -> ElasticityConfig:
         if key in values and (not _is_int(values[key]) or values[key] < 1):
             problems.append(Problem(f"{path}.{key}", "must be a positive integer", values[key]))
     micro = values.get("micro_batch_sizes", [2, 4, 6])
+    if isinstance(micro, tuple):  # a loaded config's own section (DeepSpeedConfig.to_dict)
+        micro = list(micro)
     if not isinstance(micro, list) or not micro or not all(_is_int(m) and m > 0 for m in micro):
         problems.append(Problem(f"{path}.micro_batch_sizes", "must be a non-empty list of positive integers", micro))
         micro = [1]
@@ -279,6 +281,39 @@ def _largest_micro(batch: int, world_size: int, config: ElasticityConfig) -> int
     return micro
 
 
+@attrs.frozen
+class ElasticBatch:
+    """The batch an elastic job runs at one data-parallel size: train_batch_size = micro x accumulation x size."""
+
+    train_batch_size: int
+    train_micro_batch_size_per_gpu: int
+    gradient_accumulation_steps: int
+    valid_world_sizes: tuple[int, ...]  # the data-parallel sizes this elastic config can run at
+
+    def triple(self) -> dict[str, int]:
+        return {"train_batch_size": self.train_batch_size,
+                "train_micro_batch_size_per_gpu": self.train_micro_batch_size_per_gpu,
+                "gradient_accumulation_steps": self.gradient_accumulation_steps}
+
+
+def elastic_batch(config: ElasticityConfig, data_parallel_size: int) -> ElasticBatch:
+    """The batch triple an enabled elastic config gives a job of `data_parallel_size` model replicas: the global
+    batch the most sizes share, the largest listed micro batch that divides a replica's share, accumulation for
+    the rest (DeepSpeed's runtime rule). A size the config cannot run at is ElasticityIncompatibleWorldSize."""
+    dp = data_parallel_size
+    if config.version == 0.1:
+        batch, valid = best_batch(config.micro_batches, config.max_train_batch_size, config.min_gpus,
+                                  config.max_gpus, config.prefer_larger_batch)
+        micro = _largest_micro(batch, dp, config) if dp in valid else None
+    else:  # version 0.2 counts GPUs: each replica is model_parallel_size wide
+        batch, valid, micro = _node_level(config, dp * config.model_parallel_size)
+    if micro is None or batch % (micro * dp):
+        raise ElasticityIncompatibleWorldSize(Problem(
+            "elasticity", f"a data-parallel size of {dp} is not one this elastic config can run at (global batch "
+                          f"{batch}, micro batches {config.micro_batches}); valid sizes: {valid}", dp))
+    return ElasticBatch(batch, micro, batch // (micro * dp), tuple(valid))
+
+
 def elasticity_enabled(ds_config: dict) -> bool:
     """Whether the config turns elasticity on."""
     section = ds_config.get("elasticity") if isinstance(ds_config, dict) else None
@@ -288,7 +323,7 @@ def elasticity_enabled(ds_config: dict) -> bool:
 def check_same_elastic_config(runtime_section: dict, scheduler_section: dict) -> None:
     """DeepSpeed's `ensure_immutable_elastic_config`: the resource scheduler's copy of the section (the
     DEEPSPEED_ELASTICITY_CONFIG variable) must agree with the runtime's on the batch, micro-batches and version."""
-    runtime, scheduler = read_elasticity(runtime_section), read_elasticity(scheduler_section)
+    runtime, scheduler = read_elasticity(runtime_section), read_elasticity(scheduler_section, DEEPSPEED_ELASTICITY_CONFIG)
     problems = [Problem(f"elasticity.{key}", f"differs from the resource scheduler's "
                         f"{DEEPSPEED_ELASTICITY_CONFIG} ({getattr(scheduler, key)!r})", getattr(runtime, key))
                 for key in ("max_train_batch_size", "micro_batch_sizes", "version")

@@ -98,7 +98,6 @@ KNOWN_KEYS: dict[tuple[str, str], KnownKey] = {
     ("bf16", "min_loss_scale"): KnownKey("inert", _BF16_NO_LOSS_SCALE),
     # ---- DeepSpeed features dstrain does not implement
     ("", "sparse_attention"): KnownKey("unsupported", "sparse attention kernels are not part of dstrain"),
-    ("", "elasticity"): KnownKey("unsupported", "elastic training is not part of dstrain"),
     ("", "compression_training"): KnownKey("unsupported", "the compression library is not part of dstrain"),
     ("", "amp"): KnownKey("unsupported", "apex AMP is not supported; use fp16, bf16 or torch_autocast"),
     ("", "quantize_training"): KnownKey("unsupported", "MoQ quantization is not part of dstrain"),

@@ -14,6 +14,13 @@ import attrs
 from .batch import resolve_batch_triple
 from .config import BATCH_KEYS, DeepSpeedConfig
 from .converter import CONVERTER, problems_from
+from .elasticity import (
+    ElasticityConfig,
+    ElasticityConfigError,
+    ElasticityError,
+    elastic_batch,
+    read_elasticity,
+)
 from .errors import ConfigError, ConfigWarning, Problem, listing
 from .fields import AUTO, info
 from .jsonio import read_source
@@ -55,10 +62,11 @@ def load(source: Any, *, world_size: int = 1, strict: bool = True) -> DeepSpeedC
 def _load_dict(raw: dict, *, world_size: int, strict: bool) -> DeepSpeedConfig:
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ConfigError(Problem("world_size", "must be a positive integer", world_size))
+    raw, elastic, problems, elastic_error = _take_elasticity(raw, world_size)
     report = KeyReport()
     cleaned = clean_keys(raw, DeepSpeedConfig, "", report)
     report.unsupported += [f"{path} ({why})" for path, why, _ in value_requests(cleaned)]
-    problems = list(report.errors)
+    problems += report.errors
     problems += _check_names_and_params(cleaned, report)
 
     try:
@@ -74,9 +82,39 @@ def _load_dict(raw: dict, *, world_size: int, strict: bool) -> DeepSpeedConfig:
     problems += batch_problems
     _report_keys(report, strict, problems)
     if problems:
-        raise ConfigError(problems)
-    cfg = attrs.evolve(cfg, data_parallel_size=world_size, **triple)
+        raise elastic_error(problems)
+    cfg = attrs.evolve(cfg, data_parallel_size=world_size, elasticity=elastic, **triple)
     return _apply_rules(cfg, strict)
+
+
+def _take_elasticity(raw: dict, world_size: int) -> tuple[dict, ElasticityConfig, list[Problem], type[ConfigError]]:
+    """`raw` without its `elasticity` section and, when that is enabled, with the batch triple elasticity picks at
+    `world_size` (DeepSpeed's runtime rule); the section, its problems, and the error class to raise them as
+    (an ElasticityError where the section has problems, so `deepspeed.elasticity`'s except clauses catch it).
+    Batch keys that differ from elasticity's are an error unless `ignore_non_elastic_batch_info` (then a warning)."""
+    if "elasticity" not in raw:
+        return raw, ElasticityConfig(), [], ConfigError
+    raw = dict(raw)
+    section = raw.pop("elasticity")
+    try:
+        elastic = read_elasticity(section)
+        if not elastic.enabled:
+            return raw, elastic, [], ConfigError
+        picked = elastic_batch(elastic, world_size).triple()
+    except ElasticityError as exc:
+        return raw, ElasticityConfig(), list(exc.problems), type(exc)
+    differing = {key: raw[key] for key in BATCH_KEYS if key in raw and raw[key] != AUTO and raw[key] != picked[key]}
+    if differing and not elastic.ignore_non_elastic_batch_info:
+        return raw, elastic, [Problem(key, f"elasticity is enabled and picks {key} = {picked[key]} at data-parallel "
+                                           f"size {world_size}; remove {key}, or set "
+                                           f"elasticity.ignore_non_elastic_batch_info: true to have it ignored", value)
+                              for key, value in differing.items()], ElasticityConfigError
+    if differing:
+        warnings.warn(ConfigWarning("batch sizes replaced by the ones elasticity picks (ignore_non_elastic_batch_info): "
+                                    + listing([f"{key} = {value} -> {picked[key]}" for key, value in differing.items()])),
+                      stacklevel=5)
+    raw.update(picked)
+    return raw, elastic, [], ConfigError
 
 
 def load_section(name: str, raw: Any, *, strict: bool = True) -> Any:

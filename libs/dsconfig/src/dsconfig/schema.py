@@ -15,6 +15,7 @@ from .keys import KNOWN_KEYS
 def json_schema() -> dict[str, Any]:
     definitions: dict[str, Any] = {}
     root = _class_schema(DeepSpeedConfig, definitions, "")
+    root["properties"]["elasticity"] = _elasticity_schema()  # read by `load` itself (dsconfig.elasticity)
     root["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     root["title"] = "DeepSpeed configuration (dstrain)"
     root["$defs"] = definitions
@@ -47,6 +48,28 @@ def _class_schema(cls: type, definitions: dict, table_path: str) -> dict[str, An
     if required:
         schema["required"] = required
     return schema
+
+
+def _elasticity_schema() -> dict[str, Any]:
+    positive = {"type": "integer", "minimum": 1}
+    properties = {
+        "enabled": {"type": "boolean", "default": False,
+                    "description": "Take the batch triple from the elastic arithmetic at the data-parallel size."},
+        "max_train_batch_size": {**positive, "description": "The largest acceptable global batch."},
+        "micro_batch_sizes": {"type": "array", "items": positive, "minItems": 1,
+                              "description": "Micro batch sizes a rank may run."},
+        "min_gpus": {**positive, "default": 1}, "max_gpus": {**positive, "default": 10000},
+        "min_time": {"type": "number", "minimum": 0, "default": 0},
+        "version": {"enum": [0.1, 0.2], "default": 0.2,
+                    "description": "0.1 counts GPUs; 0.2 counts nodes of num_gpus_per_node GPUs."},
+        "prefer_larger_batch": {"type": "boolean", "default": True},
+        "ignore_non_elastic_batch_info": {"type": "boolean", "default": False,
+                                          "description": "Replace batch keys that differ (a warning) instead of "
+                                                         "refusing them."},
+        "model_parallel_size": {**positive, "default": 1}, "num_gpus_per_node": {**positive, "default": 1},
+    }
+    return {"type": "object", "properties": properties, "additionalProperties": False,
+            "description": "Elastic training: one global batch across the data-parallel sizes a job may restart at."}
 
 
 def _numeric_target(prop: dict) -> dict:

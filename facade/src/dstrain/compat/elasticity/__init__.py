@@ -6,14 +6,13 @@ elasticity; any other target must be a DeepSpeed version of 0.3.8 or later."""
 
 from __future__ import annotations
 
-import json
 import os
 
 from dsconfig import elasticity as _elasticity
 
 from ... import __version__
+from ...wiring.elastic import check_scheduler_copy
 from . import config
-from .config import ElasticityConfigError
 
 ELASTICITY = "elasticity"
 ENABLED = "enabled"
@@ -38,18 +37,10 @@ def compute_elastic_config(ds_config: dict, target_deepspeed_version: str, world
 
 
 def ensure_immutable_elastic_config(runtime_elastic_config_dict: dict) -> None:
-    """The section the resource scheduler saw (DEEPSPEED_ELASTICITY_CONFIG: a whole config or the section, as
-    JSON) must agree with the runtime's on the batch, micro-batches and version; without it, nothing to check."""
-    text = os.environ.get(DEEPSPEED_ELASTICITY_CONFIG)
-    if text is None:
-        return
-    try:
-        scheduler = json.loads(text)
-    except ValueError as exc:
-        raise ElasticityConfigError(f"{DEEPSPEED_ELASTICITY_CONFIG} is not JSON: {exc}") from None
-    if isinstance(scheduler, dict) and isinstance(scheduler.get(ELASTICITY), dict):
-        scheduler = scheduler[ELASTICITY]
-    _elasticity.check_same_elastic_config(runtime_elastic_config_dict, scheduler)
+    """The section the resource scheduler saw (DEEPSPEED_ELASTICITY_CONFIG: the elasticity section as JSON, as
+    DeepSpeed reads it) must agree with the runtime's on the batch, micro-batches and version; without it, nothing
+    to check. The engine runs this check itself when the config enables elasticity."""
+    check_scheduler_copy(runtime_elastic_config_dict)
 
 
 __all__ = ["DEEPSPEED_ELASTICITY_CONFIG", "ELASTICITY", "ENABLED", "ENABLED_DEFAULT", "compute_elastic_config",

@@ -114,6 +114,18 @@ class DeepSpeedConfig:
         return int(self.config.zero_optimization.stage)
 
     @property
+    def elasticity_enabled(self) -> bool:
+        return bool(self.config.elasticity.enabled)
+
+    @property
+    def elastic_model_parallel_size(self) -> int:
+        return int(self.config.elasticity.model_parallel_size)
+
+    @property
+    def num_gpus_per_node(self) -> int:
+        return int(self.config.elasticity.num_gpus_per_node)
+
+    @property
     def zero_enabled(self) -> bool:
         return self.zero_optimization_stage > 0
 
