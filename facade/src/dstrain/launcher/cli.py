@@ -17,7 +17,7 @@ import shlex
 import sys
 
 from . import _cores, mpi
-from .commands import Job, Node, exported_environment, is_local_host, node_argv_display, supervised
+from .commands import Elastic, Job, Node, exported_environment, is_local_host, node_argv_display, supervised
 from .errors import LaunchError
 from .hostfile import check_host, parse_hostfile, select_resources
 from .mpi import MPI_LAUNCHERS
@@ -81,6 +81,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the cores to share out instead of every core, e.g. '0,2-5,7' (implies --bind_cores_to_rank)")
     p.add_argument("--stop_grace", type=float, default=10.0, metavar="SECONDS",
                    help="when stopping a job, seconds between SIGTERM and SIGKILL (default 10)")
+    p.add_argument("--elastic_training", action="store_true",
+                   help="elastic training, as DeepSpeed's: each node's torchrun joins a c10d rendezvous at "
+                        "--master_addr:--master_port, so nodes may leave (the rest go on, down to "
+                        "--min_elastic_nodes) or join (the same command started on another machine, up to "
+                        "--max_elastic_nodes); every change restarts the ranks at the new size, which resume from "
+                        "the script's checkpoint (the config's elasticity section keeps the global batch)")
+    p.add_argument("--min_elastic_nodes", type=int, default=-1, metavar="N",
+                   help="with --elastic_training: the fewest nodes the job runs on (default 1)")
+    p.add_argument("--max_elastic_nodes", type=int, default=-1, metavar="N",
+                   help="with --elastic_training: the most nodes the job grows to (default: the nodes started)")
+    p.add_argument("--rdzv_conf", default="", metavar="K=V,...",
+                   help="with --elastic_training: torchrun's rendezvous settings, e.g. 'last_call_timeout=5' (how "
+                        "long a round waits for more nodes once it has the fewest; torch's default 30 s)")
     p.add_argument("--dry_run", action="store_true", help="print each node's command and exit")
     p.add_argument("--autotuning", choices=("tune", "run"), default=None,
                    help="find the fastest ZeRO stage, micro-batch and knobs by short runs of the script (the "
@@ -153,7 +166,8 @@ def job_for(args: argparse.Namespace, resources: dict[str, list[int]], visible_d
         else:
             master = first if not is_local_host(first) else _this_host_name()
     port = args.master_port
-    if port is None and (len(nodes) > 1 or args.launcher in MPI_LAUNCHERS):
+    elastic = elastic_for(args, nodes, environ)
+    if port is None and (len(nodes) > 1 or args.launcher in MPI_LAUNCHERS or elastic is not None):
         port = DEFAULT_PORT  # every machine must know it in advance; one torchrun picks a free one (standalone)
     try:
         launcher_args = tuple(shlex.split(args.launcher_args))
@@ -176,8 +190,46 @@ def job_for(args: argparse.Namespace, resources: dict[str, list[int]], visible_d
               set_visible_devices=visible_devices,
               extra_env={**exported_environment(environ), **({"DSTRAIN_DEEPSPEED_ALIAS": "0"}
                                                               if args.no_deepspeed_alias else {})},
-              grace=args.stop_grace, bind_cores=core_binding(args, nodes), launcher_args=launcher_args)
+              grace=args.stop_grace, bind_cores=core_binding(args, nodes), launcher_args=launcher_args,
+              elastic=elastic)
     return job
+
+
+ELASTIC_RUN_ID = "ELASTIC_RUN_ID"  # DeepSpeed's variable naming the rendezvous of an elastic job
+# torchrun's rendezvous settings (c10d backend); a typo would otherwise be ignored and the default used.
+RDZV_CONF_KEYS = ("join_timeout", "last_call_timeout", "close_timeout", "timeout", "read_timeout", "is_host",
+                  "keep_alive_interval", "keep_alive_max_attempt", "heartbeat_timeout")
+
+
+def elastic_for(args: argparse.Namespace, nodes: tuple[Node, ...], environ: dict[str, str]) -> Elastic | None:
+    """The elastic settings `--elastic_training` asks for, checked (None without it)."""
+    asked = [flag for flag, given in (("--min_elastic_nodes", args.min_elastic_nodes != -1),
+                                      ("--max_elastic_nodes", args.max_elastic_nodes != -1),
+                                      ("--rdzv_conf", bool(args.rdzv_conf))) if given]
+    if not args.elastic_training:
+        if asked:
+            raise LaunchError(f"{', '.join(asked)}: only with --elastic_training")
+        return None
+    if args.launcher in MPI_LAUNCHERS:
+        raise LaunchError(f"--elastic_training: with --launcher {args.launcher} one {mpi.PROGRAM[args.launcher]} "
+                          "starts every rank and cannot change their number; use the ssh or pdsh launcher (one "
+                          "torchrun per node), as DeepSpeed does")
+    if args.no_ssh and args.master_addr is None:
+        raise LaunchError("--elastic_training --no_ssh needs --master_addr: every machine that joins must reach the "
+                          "same rendezvous")
+    low = 1 if args.min_elastic_nodes == -1 else args.min_elastic_nodes
+    high = len(nodes) if args.max_elastic_nodes == -1 else args.max_elastic_nodes
+    if low < 1 or high < low:
+        raise LaunchError(f"--min_elastic_nodes {low} / --max_elastic_nodes {high}: need 1 <= min <= max")
+    for item in filter(None, args.rdzv_conf.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep or key.strip() not in RDZV_CONF_KEYS or not re.fullmatch(r"[A-Za-z0-9_.-]+", value.strip()):
+            raise LaunchError(f"--rdzv_conf {args.rdzv_conf!r}: {item!r} is not KEY=VALUE with KEY one of "
+                              f"{', '.join(RDZV_CONF_KEYS)}")
+    run_id = environ.get(ELASTIC_RUN_ID, "dstrain-elastic")
+    if not re.fullmatch(r"[A-Za-z0-9_.-]{1,128}", run_id):
+        raise LaunchError(f"{ELASTIC_RUN_ID}={run_id!r}: a rendezvous id is letters, digits, '_', '.' and '-'")
+    return Elastic(low, high, run_id, args.rdzv_conf.replace(" ", ""))
 
 
 def mpi_job(args: argparse.Namespace, job: Job, environ: dict[str, str] | None = None) -> mpi.MpiJob:
@@ -269,7 +321,8 @@ def launch(argv: list[str] | None = None) -> int:
     if not args.no_ssh_check:
         check_reachable([n.host for n in to_start if not n.local], shell, args.ssh_port,
                         options=job.launcher_args)
-    return Supervisor(node_launches(job, to_start, shell, args.ssh_port), job.cwd, job.grace).run()
+    elastic_min = job.elastic.min_nodes if job.elastic is not None else None
+    return Supervisor(node_launches(job, to_start, shell, args.ssh_port), job.cwd, job.grace, elastic_min).run()
 
 
 def run_mpi(mj: mpi.MpiJob, dry_run: bool = False) -> int:

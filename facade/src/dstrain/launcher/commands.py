@@ -37,6 +37,18 @@ class Node:
 
 
 @dataclass(frozen=True)
+class Elastic:
+    """--elastic_training: each node's torchrun joins one c10d rendezvous and restarts its ranks when nodes come
+    or go (torch's elastic agent, as DeepSpeed's DSElasticAgent)."""
+
+    min_nodes: int
+    max_nodes: int
+    run_id: str  # the rendezvous every node of the job joins (DeepSpeed's ELASTIC_RUN_ID)
+    rdzv_conf: str = ""  # torchrun's --rdzv_conf, checked
+    max_restarts: int = 100  # membership changes (and failures) a node's agent restarts its ranks for: DeepSpeed's
+
+
+@dataclass(frozen=True)
 class Job:
     script: str
     script_args: tuple[str, ...]
@@ -52,6 +64,7 @@ class Job:
     grace: float = 10.0  # seconds between SIGTERM and SIGKILL when stopping
     bind_cores: str | None = None  # pin each rank to its share of these cores ('all' or a core list)
     launcher_args: tuple[str, ...] = ()  # --launcher_args, split: options for ssh / pdsh / mpirun / srun
+    elastic: Elastic | None = None  # --elastic_training
 
 
 def is_local_host(host: str) -> bool:
@@ -61,20 +74,33 @@ def is_local_host(host: str) -> bool:
 def torchrun_argv(job: Job, node: Node) -> list[str]:
     wrapper_flags = ((["--no_local_rank"] if not job.local_rank_arg else []) + (["--module"] if job.module else [])
                      + (["--bind_cores", job.bind_cores] if job.bind_cores is not None else []))
-    if job.master_port is None:
-        # The rendezvous store listens on a port the system picks, so jobs on one machine never collide.
-        rendezvous = ["--standalone", f"--local_addr={job.master_addr}"]
+    if job.elastic is not None:
+        # Nodes come and go: one rendezvous at the master for every round, ranks numbered by it (no node rank).
+        elastic = job.elastic
+        layout = [f"--nnodes={elastic.min_nodes}:{elastic.max_nodes}", f"--nproc_per_node={len(node.slots)}",
+                  "--rdzv_backend=c10d", f"--rdzv_endpoint={job.master_addr}:{job.master_port}",
+                  f"--rdzv_id={elastic.run_id}", *([f"--rdzv_conf={elastic.rdzv_conf}"] if elastic.rdzv_conf else []),
+                  f"--max_restarts={elastic.max_restarts}"]
     else:
-        rendezvous = [f"--master_addr={job.master_addr}", f"--master_port={job.master_port}"]
-    return [job.python, "-u", "-m", "torch.distributed.run",
-            f"--nnodes={len(job.nodes)}", f"--node_rank={node.rank}", f"--nproc_per_node={len(node.slots)}",
-            *rendezvous, "--max_restarts=0",  # a failed rank fails the job, as with DeepSpeed's launcher
+        if job.master_port is None:
+            # The rendezvous store listens on a port the system picks, so jobs on one machine never collide.
+            rendezvous = ["--standalone", f"--local_addr={job.master_addr}"]
+        else:
+            rendezvous = [f"--master_addr={job.master_addr}", f"--master_port={job.master_port}"]
+        layout = [f"--nnodes={len(job.nodes)}", f"--node_rank={node.rank}", f"--nproc_per_node={len(node.slots)}",
+                  *rendezvous, "--max_restarts=0"]  # a failed rank fails the job, as with DeepSpeed's launcher
+    return [job.python, "-u", "-m", "torch.distributed.run", *layout,
             RANK_ENTRY, *wrapper_flags, job.script, *job.script_args]
 
 
 def node_env(job: Job, node: Node) -> dict[str, str]:
     """Variables this node's processes get on top of the environment they start in."""
     env = dict(job.extra_env)
+    if job.elastic is not None:
+        # torch 2.13's elastic agent shares its rendezvous store with the ranks; a node that stays rank 0 across a
+        # membership change then never publishes the new round's master address, and a node joining waits for it
+        # until its timeout. Unshared, every round publishes it (the ranks' own store is then a new one).
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     if job.set_visible_devices:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, node.slots))
     return env

@@ -105,10 +105,14 @@ def node_launches(job: Job, nodes: list[Node] | None = None, remote_shell: str =
 class Supervisor:
     """Owns the processes of one job: the node agents, or the one mpirun / srun."""
 
-    def __init__(self, launches: list[Launch], cwd: str, grace: float = 10.0) -> None:
+    def __init__(self, launches: list[Launch], cwd: str, grace: float = 10.0, elastic_min_nodes: int | None = None
+                 ) -> None:
         self.launches = launches
         self.cwd = cwd
         self.grace = grace
+        # --elastic_training: a node that fails is let go while this many still run (their agents restart the
+        # ranks without it); below it the job fails as any other.
+        self.elastic_min_nodes = elastic_min_nodes
         self.procs: list[tuple[Launch, subprocess.Popen]] = []
         self._stop = threading.Event()
         self._signal: int | None = None
@@ -144,10 +148,21 @@ class Supervisor:
     def wait(self) -> int:
         """Block until the job ends; return its exit code."""
         failed: tuple[Launch, int] | None = None
+        let_go: set[str] = set()
         while not self._stop.wait(0.1):
             codes = [(launch, proc.poll()) for launch, proc in self.procs]
-            failed = next(((n, c) for n, c in codes if c not in (None, 0)), None)  # type: ignore[misc]
-            if failed is not None or all(c == 0 for _, c in codes):
+            failures = [(n, c) for n, c in codes if c not in (None, 0) and n.name not in let_go]
+            running = sum(c is None for _, c in codes)
+            if failures and self.elastic_min_nodes is not None and running >= self.elastic_min_nodes:
+                for launch, code in failures:
+                    _say(f"{launch.name} exited with code {code}; elastic training goes on with the {running} "
+                         f"running node(s)")
+                    let_go.add(launch.name)
+                failures = []
+            failed = failures[0] if failures else None
+            if failed is not None or all(c is not None for _, c in codes):
+                if failed is None and not any(c == 0 for _, c in codes):  # every node failed, the last let go
+                    failed = next((n, c) for n, c in codes if c != 0)
                 break
         if self._signal is not None:
             _say(f"received {signal.Signals(self._signal).name}; stopping every node")
