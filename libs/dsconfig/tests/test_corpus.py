@@ -4,7 +4,7 @@ import json
 import warnings
 
 import pytest
-from corpus_cases import CORPUS, EXPECTATIONS, NONSTRICT, REFUSED, corpus_files, observe
+from corpus_cases import CORPUS, EXPECTATIONS, NONSTRICT, NONSTRICT_LOADS, REFUSED, corpus_files, observe
 
 import dsconfig
 
@@ -28,12 +28,21 @@ def test_corpus_file(name):
 
 
 @pytest.mark.parametrize("name", NONSTRICT, ids=lambda n: n[:60])
-def test_not_json_files_are_refused_with_a_reason(name):
-    with pytest.raises(dsconfig.ConfigError) as info:
-        dsconfig.load(CORPUS / "nonstrict" / name, strict=False)
-    message = str(info.value)
-    assert "not valid JSON" in message and name in message
-    assert any(hint in message for hint in ("comments", "placeholder", "fragment", "trailing comma"))
+def test_files_that_are_not_json_are_read_as_deepspeed_reads_them(name):
+    """DeepSpeed reads configs with hjson: these files (comments, trailing commas, unfilled placeholders, a
+    repeated key) read here too, and each then loads or is refused naming its keys, never as unreadable."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", dsconfig.ConfigWarning)
+        try:
+            dsconfig.load(CORPUS / "nonstrict" / name, strict=False)
+            refused = None
+        except dsconfig.ConfigError as exc:
+            refused = exc
+    if name in NONSTRICT_LOADS:
+        assert refused is None, refused
+    else:
+        assert refused is not None and refused.paths and "" not in refused.paths and name in str(refused)
+        assert "not valid JSON" not in str(refused)
 
 
 def test_all_loading_files_round_trip():

@@ -1,8 +1,10 @@
 """Reading a config source: a JSON file, a dict, or base64-encoded JSON (as DeepSpeed's launcher passes it).
 
-Strict JSON only, with errors that say what is wrong in terms people use: duplicate keys with
-both line numbers, // comments, trailing commas, and unfilled template placeholders. Size, depth,
-number and key limits (limits.py) are checked before and while parsing, so hostile input fails fast.
+JSON first; text that is not JSON is read as Hjson, as DeepSpeed reads every config (comments, unquoted keys
+and strings, trailing or missing commas), so a file DeepSpeed accepts loads here. Text neither reads gets an
+error that says what is wrong in terms people use: duplicate keys with both line numbers, unfilled template
+placeholders, a missing ':'. Size, depth, number and key limits (limits.py) are checked before and while
+parsing, so hostile input fails fast.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import re
 from json.decoder import JSONObject  # type: ignore[attr-defined]
 from json.scanner import py_make_scanner  # type: ignore[attr-defined]
 from typing import Any
+
+import hjson
 
 from .errors import ConfigError, Problem
 from .limits import (
@@ -114,7 +118,10 @@ def parse_json(text: str, name: str) -> dict:
         # and only once the value limits hold (it is pure Python).
         data = json.loads(text, object_pairs_hook=lambda pairs: _note_repeats(pairs, repeated), **_NUMBER_HOOKS)
     except json.JSONDecodeError as exc:
-        raise ConfigError(Problem("", _explain_json_error(text, exc)), source=name) from None
+        data = _read_hjson(text, name)
+        if data is None:
+            raise ConfigError(Problem("", _explain_json_error(text, exc)), source=name) from None
+        return data
     except RecursionError:  # pragma: no cover - nesting_problem refuses such text first
         raise ConfigError(Problem("", "nests too deeply to parse"), source=name) from None
     problems = shape_problems(data)
@@ -131,6 +138,30 @@ def parse_json(text: str, name: str) -> dict:
     except json.JSONDecodeError as exc:  # pragma: no cover - the C parser raised it first
         raise ConfigError(Problem("", _explain_json_error(text, exc)), source=name) from None
     return _require_object(data, name)
+
+
+def _read_hjson(text: str, name: str) -> dict | None:
+    """`text` read as Hjson (DeepSpeed's reader), checked as JSON is; None where Hjson cannot read it either."""
+    try:
+        data = hjson.loads(text, object_pairs_hook=_refuse_repeats, parse_int=parse_int, parse_float=parse_float)
+    except _DuplicateKey as dup:
+        raise ConfigError(Problem(dup.path, "appears twice in the same object; DeepSpeed refuses that, so remove "
+                                            "one"), source=name) from None
+    except (hjson.HjsonDecodeError, ValueError, RecursionError):
+        return None
+    problems = shape_problems(data)
+    if problems:
+        raise ConfigError(problems, source=name)
+    return _require_object(data, name)
+
+
+def _refuse_repeats(pairs: list[tuple[str, Any]]) -> dict:
+    result = dict(pairs)
+    if len(result) != len(pairs):
+        seen: set[str] = set()
+        repeated = next(key for key, _ in pairs if key in seen or seen.add(key))
+        raise _DuplicateKey(repeated, 0, 0)
+    return result
 
 
 def _note_repeats(pairs: list[tuple[str, Any]], repeated: list[bool]) -> dict:
