@@ -331,6 +331,16 @@ KEYS: dict[str, tuple] = {
     "comms_logger.debug": obs("libs/dscomm/tests/test_logger.py::test_prof_ops_verbose_and_debug"),
     "comms_logger.prof_ops": obs("libs/dscomm/tests/test_logger.py::test_prof_ops_verbose_and_debug"),
     # ---- checkpoints
+    # ---- elasticity: the batch triple at each data-parallel size (dsconfig.elasticity; the launcher restarts)
+    **{f"elasticity.{key}": obs(f"{FACADE}/test_elasticity.py::test_a_job_restarted_at_another_size_keeps_its_batch_and_continues")
+       for key in ("enabled", "max_train_batch_size", "micro_batch_sizes", "min_gpus", "max_gpus", "version")},
+    "elasticity.ignore_non_elastic_batch_info": obs(
+        f"{FACADE}/test_elasticity.py::test_ignored_batch_keys_are_replaced_and_a_loaded_config_picks_again_at_another_size"),
+    "elasticity.prefer_larger_batch": obs(f"{DSCONFIG}/test_elasticity.py::test_prefer_larger_batch_breaks_a_tie_between_batches"),
+    "elasticity.model_parallel_size": obs(f"{DSCONFIG}/test_elasticity.py::test_node_level_batch_counts_replicas_of_model_parallel_width"),
+    "elasticity.num_gpus_per_node": obs(f"{DSCONFIG}/test_elasticity.py::test_node_level_batch_counts_replicas_of_model_parallel_width"),
+    # the scheduler's (minutes a job runs before it is rescaled); checked and carried, as DeepSpeed only carries it
+    "elasticity.min_time": obs(f"{DSCONFIG}/test_elasticity.py::test_bad_values_are_named"),
     "checkpoint.tag_validation": obs(f"{FACADE}/test_checkpoint_options.py::test_tag_validation_fail_and_warn"),
     "checkpoint.load_universal": obs(f"{FACADE}/test_universal_checkpoint.py::test_deepspeeds_universal_folder_loads_at_another_layout"),
     "checkpoint.use_node_local_storage": obs(f"{FACADE}/test_checkpoint_options.py::test_node_local_storage_needs_no_shared_file_system"),

@@ -144,3 +144,11 @@ def test_node_level_batch_counts_replicas_of_model_parallel_width():
     batch = elastic_batch(section, 4)  # 4 replicas of 4 GPUs: 16 GPUs, 2 nodes
     assert (batch.train_batch_size, batch.train_micro_batch_size_per_gpu, batch.gradient_accumulation_steps) == \
         (9996, 17, 147)
+
+
+def test_prefer_larger_batch_breaks_a_tie_between_batches():
+    # 30 (6 x 5), 28 (4 x 7) and 35 (the lcm) each run on one GPU only: a tie the preference settles
+    section = dict(enabled=True, max_train_batch_size=40, micro_batch_sizes=[5, 7], min_gpus=1, max_gpus=1,
+                   version=0.1)
+    assert dsconfig.load({"elasticity": section}).train_batch_size == 35
+    assert dsconfig.load({"elasticity": dict(section, prefer_larger_batch=False)}).train_batch_size == 28
