@@ -2,6 +2,7 @@
 
 import base64
 import json
+import sys
 import warnings
 
 import pytest
@@ -243,6 +244,16 @@ def test_hjson_that_deepspeed_reads_loads_the_same(tmp_path):
         dsconfig.load(path)
     path.write_text("{\n  // a comment\n  train_batch_size: " + "7" * 5000 + "\n}")  # limits hold here too
     with pytest.raises(dsconfig.ConfigError, match="train_batch_size"):
+        dsconfig.load(path)
+
+
+def test_without_hjson_json_still_loads_and_other_text_says_what_to_install(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "hjson", None)  # an install without it (e.g. --no-deps): import fails
+    path = tmp_path / "ds_config.json"
+    path.write_text('{"train_batch_size": 4}')
+    assert dsconfig.load(path).train_batch_size == 4
+    path.write_text('{\n  // a comment\n  "train_batch_size": 4\n}')
+    with pytest.raises(dsconfig.ConfigError, match=r"comments.*DeepSpeed reads such files with hjson.*pip install hjson"):
         dsconfig.load(path)
 
 

@@ -18,8 +18,6 @@ from json.decoder import JSONObject  # type: ignore[attr-defined]
 from json.scanner import py_make_scanner  # type: ignore[attr-defined]
 from typing import Any
 
-import hjson
-
 from .errors import ConfigError, Problem
 from .limits import (
     JSON_TOKEN,
@@ -118,10 +116,7 @@ def parse_json(text: str, name: str) -> dict:
         # and only once the value limits hold (it is pure Python).
         data = json.loads(text, object_pairs_hook=lambda pairs: _note_repeats(pairs, repeated), **_NUMBER_HOOKS)
     except json.JSONDecodeError as exc:
-        data = _read_hjson(text, name)
-        if data is None:
-            raise ConfigError(Problem("", _explain_json_error(text, exc)), source=name) from None
-        return data
+        return _read_hjson(text, name, _explain_json_error(text, exc))
     except RecursionError:  # pragma: no cover - nesting_problem refuses such text first
         raise ConfigError(Problem("", "nests too deeply to parse"), source=name) from None
     problems = shape_problems(data)
@@ -140,15 +135,22 @@ def parse_json(text: str, name: str) -> dict:
     return _require_object(data, name)
 
 
-def _read_hjson(text: str, name: str) -> dict | None:
-    """`text` read as Hjson (DeepSpeed's reader), checked as JSON is; None where Hjson cannot read it either."""
+def _read_hjson(text: str, name: str, not_json: str) -> dict:
+    """`text`, which is not JSON (`not_json` says why), read as Hjson (DeepSpeed's reader) and checked as JSON is."""
+    try:
+        import hjson  # only text that is not JSON needs it (a machine without hjson still reads every JSON file)
+    except ImportError:
+        raise ConfigError(Problem("", f"{not_json}; DeepSpeed reads such files with hjson, which is not installed "
+                                      f"here: pip install hjson"), source=name) from None
     try:
         data = hjson.loads(text, object_pairs_hook=_refuse_repeats, parse_int=parse_int, parse_float=parse_float)
     except _DuplicateKey as dup:
         raise ConfigError(Problem(dup.path, "appears twice in the same object; DeepSpeed refuses that, so remove "
                                             "one"), source=name) from None
+    except ConfigError as exc:  # a number past the limits (limits.parse_int / parse_float)
+        raise ConfigError(exc.problems, source=name) from None
     except (hjson.HjsonDecodeError, ValueError, RecursionError):
-        return None
+        raise ConfigError(Problem("", not_json), source=name) from None
     problems = shape_problems(data)
     if problems:
         raise ConfigError(problems, source=name)
