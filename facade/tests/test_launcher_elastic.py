@@ -30,37 +30,47 @@ def losses(text: str) -> dict[int, float]:
     return {int(m[1]): float(m[2]) for m in re.finditer(r"^step (\d+) world \d+ loss ([\d.]+)$", text, re.M)}
 
 
-def wait_for_step(folder: Path, step: int, launcher: subprocess.Popen, timeout: float = 120) -> None:
+def latest(folder: Path) -> tuple[int, int]:
+    """(step, ranks) of the newest checkpoint in folder/ckpt: its ZeRO shards count the ranks that wrote it."""
+    tag = (folder / "ckpt" / "latest").read_text().strip() if (folder / "ckpt" / "latest").is_file() else ""
+    shards = sorted((folder / "ckpt" / tag / "zero").glob("zero_shard_*-of-*.safetensors")) if tag else []
+    ranks = int(shards[0].name.split("-of-")[1].split(".")[0]) if shards else 0
+    return int(tag.removeprefix("global_step") or 0), ranks
+
+
+def wait_for(folder: Path, launcher: subprocess.Popen, what: str, done, timeout: float = 180) -> tuple[int, int]:
     deadline = time.monotonic() + timeout
-    latest = folder / "ckpt" / "latest"
-    while not (latest.is_file() and int(latest.read_text().strip().removeprefix("global_step") or 0) >= step):
-        assert launcher.poll() is None, f"the launcher ended early: {launcher.communicate()}"
-        assert time.monotonic() < deadline, f"no checkpoint of step {step} within {timeout} s"
+    while not done(*latest(folder)):
+        assert launcher.poll() is None, f"the launcher ended before {what}: {launcher.communicate()}"
+        assert time.monotonic() < deadline, f"no checkpoint {what} within {timeout} s (newest: {latest(folder)})"
         time.sleep(0.1)
+    return latest(folder)
 
 
 def test_a_node_joins_then_leaves_and_training_follows_the_same_losses(job, tmp_path):  # noqa: F811
-    steps = ["--steps", "18"]
-    reference = job.run("--num_procs", "1", *SCRIPT[:-4], "--out", "reference", *steps)  # one rank throughout
-    assert reference.returncode == 0, reference.stderr
+    # Phases are read from the checkpoints (step, ranks that wrote it), so a slow join on a loaded machine only
+    # moves them later; 60 steps of >= 0.5 s leave the join half a minute.
+    steps = ["--steps", "60"]
     elastic = ["--elastic_training", "--min_elastic_nodes", "1", "--max_elastic_nodes", "2", "--master_addr",
                "127.0.0.1", "--master_port", str(free_port()), "--rdzv_conf", "last_call_timeout=1",
-               "--num_procs", "1", *SCRIPT, *steps, "--pause", "0.3"]
+               "--num_procs", "1", *SCRIPT, *steps, "--pause", "0.5"]
     first = job.start(*elastic, port=False)
-    wait_for_step(tmp_path, 3, first)
+    wait_for(tmp_path, first, "of step 3", lambda step, ranks: step >= 3)
     second = job.start(*elastic, port=False)  # another machine running the same command
-    joined = int((tmp_path / "ckpt" / "latest").read_text().strip().removeprefix("global_step"))
-    wait_for_step(tmp_path, joined + 4, first)
+    joined, _ = wait_for(tmp_path, first, "written by two ranks", lambda step, ranks: ranks == 2)
+    wait_for(tmp_path, first, f"of step {joined + 3}", lambda step, ranks: step >= joined + 3)
     second.send_signal(signal.SIGTERM)  # that machine leaves: its launcher stops its node
-    out, err = first.communicate(timeout=180)
+    out, err = first.communicate(timeout=240)
     _, second_err = second.communicate(timeout=60)
     assert first.returncode == 0, err[-3000:]
     assert second.returncode == 128 + signal.SIGTERM, second_err[-3000:]
     sizes = re.findall(r"^world (\d): batch 32 = micro 16 x (\d) x \d; (starting|resumed)", out, re.M)
     assert [(world, gas) for world, gas, _ in sizes] == [("1", "2"), ("2", "1"), ("1", "2")], out
+    reference = job.run("--num_procs", "1", *SCRIPT[:-4], "--out", "reference", *steps)  # one rank throughout
+    assert reference.returncode == 0, reference.stderr
     want = losses(reference.stdout)
     got = losses(out)
-    assert sorted(got) == sorted(want) == list(range(1, 19))
+    assert sorted(got) == sorted(want) == list(range(1, 61))
     for step, loss in want.items():  # the same samples and state each step, at either size
         assert abs(got[step] - loss) < 2e-3, (step, got[step], loss)
 
