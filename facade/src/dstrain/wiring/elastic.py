@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import os
 
-import attrs
-
 from dsconfig import DeepSpeedConfig, Problem
 from dsconfig.elasticity import (
     DEEPSPEED_ELASTICITY_CONFIG,
@@ -47,7 +45,7 @@ def check_elastic_run(cfg: DeepSpeedConfig, world_size: int, rank: int) -> None:
                                               f"rank(s) wide, but this run's are {width} (world {world_size}, data-"
                                               f"parallel size {cfg.data_parallel_size}); set model_parallel_size to "
                                               f"{width} (elasticity version 0.2)", elastic.model_parallel_size))
-    check_scheduler_copy({**attrs.asdict(elastic), "micro_batch_sizes": list(elastic.micro_batch_sizes)})
+    check_scheduler_copy(elastic.to_dict())
     batch = elastic_batch(elastic, cfg.data_parallel_size)
     log_on_rank0(rank, f"elasticity: train_batch_size {batch.train_batch_size} = micro batch "
                        f"{batch.train_micro_batch_size_per_gpu} x {batch.gradient_accumulation_steps} accumulation "

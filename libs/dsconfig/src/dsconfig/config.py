@@ -109,8 +109,7 @@ class DeepSpeedConfig:
         """The full resolved config as plain JSON data; `load(cfg.to_dict()) == cfg`."""
         data = CONVERTER.unstructure(self)
         if self.elasticity.enabled:  # its batch keys are the ones elasticity picked, which load accepts again
-            data["elasticity"] = {**attrs.asdict(self.elasticity),
-                                  "micro_batch_sizes": list(self.elasticity.micro_batch_sizes)}
+            data["elasticity"] = self.elasticity.to_dict()
         return data
 
     def unresolved_auto(self) -> list[str]:

@@ -61,6 +61,10 @@ class ElasticityConfig:
     model_parallel_size: int = 1
     num_gpus_per_node: int = 1
 
+    def to_dict(self) -> dict[str, Any]:
+        """The section as JSON data (what `read_elasticity` reads back)."""
+        return {**attrs.asdict(self), "micro_batch_sizes": list(self.micro_batch_sizes)}
+
     @property
     def max_acceptable_batch_size(self) -> int:
         return self.max_train_batch_size
